@@ -1,0 +1,1 @@
+"""Recipes on verl. `recipe.mrtpo` is the MRTPO recipe."""

@@ -1,0 +1,119 @@
+"""The verifier contract shared by every task (DESIGN.md section 2).
+
+A verifier is a function ``score(response, ground_truth, extra_info=None) -> RewardResult``. It returns
+one score per reward and, for each reward k, the verifier information Z_k that the replay removes to
+build P_minus_k:
+
+- ``Context(text, "prompt")``: Z_k is a verbatim substring of the prompt's chat messages
+  (an instruction-following constraint sentence, an output-format section);
+- ``Context(text, "appended")``: Z_k is appended to the last user turn in one verifier-information
+  block (an execution error, the gold SQL, the reference tool calls).
+
+Tasks are registered by ``data_source`` with :func:`register_task`; the reward manager dispatches on
+the row's ``data_source``. A new task is one function and one line::
+
+    from recipe.mrtpo.tasks import Context, RewardResult, register_task
+
+    def score_json_answer(response, ground_truth, extra_info=None):
+        ...
+        return RewardResult(scores={"format": f, "answer": a},
+                            contexts={"format": Context(FORMAT_TEXT, "prompt"),
+                                      "answer": Context(str(ground_truth["answer"]), "appended")})
+
+    register_task("my_json_task", score_json_answer)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional
+
+Placement = Literal["prompt", "appended"]
+PLACEMENTS = ("prompt", "appended")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Verifier information Z_k of one reward for one sample."""
+
+    text: str
+    placement: Placement
+
+    def __post_init__(self):
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"Context.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if not isinstance(self.text, str):
+            raise TypeError(f"Context.text must be str, got {type(self.text).__name__}")
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "placement": self.placement}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Context":
+        return cls(text=d["text"], placement=d["placement"])
+
+
+@dataclass
+class RewardResult:
+    """Per-reward scores and contexts of one response.
+
+    ``scores`` and ``contexts`` have the same keys (reward names). ``info`` carries diagnostics
+    (e.g. ``{"error": "..."}``) that the reward manager logs and counts; it never changes a score.
+    """
+
+    scores: dict[str, float]
+    contexts: dict[str, Context]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if set(self.scores) != set(self.contexts):
+            raise ValueError(
+                f"RewardResult: scores and contexts must name the same rewards, "
+                f"got {sorted(self.scores)} vs {sorted(self.contexts)}"
+            )
+        for k, v in self.scores.items():
+            v = float(v)
+            if not math.isfinite(v):
+                raise ValueError(f"RewardResult: score {k!r} is not finite ({v})")
+            self.scores[k] = v
+
+
+ScoreFn = Callable[[str, dict, Optional[dict]], RewardResult]
+
+_TASKS: dict[str, ScoreFn] = {}
+
+
+def register_task(data_source: str, fn: ScoreFn | None = None):
+    """Register ``fn`` as the verifier of rows whose ``data_source`` is ``data_source``.
+
+    Usable as a call (``register_task("x", fn)``) or a decorator (``@register_task("x")``).
+    Re-registering the same name with a different function is an error (two tasks fighting over a name).
+    """
+
+    def deco(f: ScoreFn) -> ScoreFn:
+        old = _TASKS.get(data_source)
+        if old is not None and old is not f:
+            raise ValueError(f"task {data_source!r} is already registered to {old.__module__}.{old.__name__}")
+        _TASKS[data_source] = f
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def get_task(data_source: str) -> ScoreFn:
+    """The verifier registered for ``data_source`` (prefix match on '/' so 'ifeval/train' finds 'ifeval')."""
+    from recipe.mrtpo import tasks as _builtin  # noqa: F401  (registers the built-in tasks)
+
+    if data_source in _TASKS:
+        return _TASKS[data_source]
+    head = data_source.split("/", 1)[0]
+    if head in _TASKS:
+        return _TASKS[head]
+    raise KeyError(f"no MRTPO task registered for data_source {data_source!r}; known: {sorted(_TASKS)}")
+
+
+def registered_tasks() -> list[str]:
+    from recipe.mrtpo import tasks as _builtin  # noqa: F401
+
+    return sorted(_TASKS)
