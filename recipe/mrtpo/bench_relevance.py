@@ -116,7 +116,7 @@ def main() -> None:
         print(
             f"{T:>6} | {fmt(js)} | {fmt(naive)} | {fmt(lp)} | {fmt(lp2)} | {js[0] / lp[0]:6.2f} | {js[0] / lp2[0]:8.2f}"
         )
-        del a, b
+        a = b = None  # free before the next length
     print("(time: best of --repeats; memory: peak RSS above the level before the call)")
 
 

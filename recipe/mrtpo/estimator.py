@@ -54,6 +54,32 @@ def scores_matrix(per_sample: Sequence[Any], reward_names: Sequence[str]) -> tor
     return out
 
 
+def reward_extras(extra_fields: list) -> list[dict]:
+    """Per sample ``reward_extra_info`` dicts from TransferQueue's ``extra_fields``."""
+    out = []
+    for ef in extra_fields:
+        ef = getattr(ef, "data", ef)
+        info = ef.get("reward_extra_info", {}) if isinstance(ef, dict) else {}
+        out.append(info if isinstance(info, dict) else {})
+    return out
+
+
+def fill_errored_samples(scores: torch.Tensor, errored: list[bool], index) -> torch.Tensor:
+    """A sample whose verifier raised scores 0 on every reward its group has (never NaN, never dropped)."""
+    if not any(errored):
+        return scores
+    scores = scores.clone()
+    index = np.asarray(index, dtype=object).astype(str)
+    present = ~torch.isnan(scores)
+    for i, bad in enumerate(errored):
+        if not bad:
+            continue
+        group = torch.as_tensor(index == index[i])
+        cols = present[group].any(0)
+        scores[i, cols & torch.isnan(scores[i])] = 0.0
+    return scores
+
+
 @register_adv_est("mrtpo")
 def compute_mrtpo_outcome_advantage(
     token_level_rewards: torch.Tensor,

@@ -32,7 +32,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 LN2 = math.log(2.0)
 MEASURES = ("js_distance", "js_divergence")

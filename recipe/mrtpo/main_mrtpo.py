@@ -1,0 +1,43 @@
+"""Entry point: ``python -m recipe.mrtpo.main_mrtpo [hydra overrides...]``.
+
+verl 0.9.1's ``main_ppo`` with the recipe's config (``config/mrtpo_trainer.yaml``: verl's
+``ppo_trainer.yaml`` + the ``mrtpo`` group) and a task runner that imports the recipe in the
+runner's process, so that ``trainer.v1.trainer_mode=mrtpo`` resolves to :class:`MRTPOTrainer`.
+"""
+
+from __future__ import annotations
+
+import hydra
+import ray
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+
+@ray.remote(num_cpus=1)
+class MRTPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's v1 task runner; imports the recipe so its trainer, estimator and worker are registered."""
+
+    def run(self, config):
+        import recipe.mrtpo.estimator  # noqa: F401  (@register_adv_est("mrtpo"))
+        import recipe.mrtpo.trainer  # noqa: F401  (@register_trainer("mrtpo"))
+
+        return super().run(config)
+
+
+def run(config) -> None:
+    if not config.trainer.use_v1:
+        raise ValueError("the MRTPO recipe runs on verl's v1 trainer (trainer.use_v1=True)")
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=MRTPOTaskRunner)
+
+
+@hydra.main(config_path="config", config_name="mrtpo_trainer", version_base=None)
+def main(config) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The ``mrtpo`` reward manager for verl 0.9.1's reward loop: per-reward scores and contexts Z_k.
+
+Selected in the recipe's config with ``reward.reward_manager.source=importlib``,
+``module.path=pkg://recipe.mrtpo.reward_manager``, ``name=MRTPORewardManager`` (it is also registered
+as ``@register("mrtpo")`` for ``source=register`` once this module is imported).
+
+For each sample it decodes the response, dispatches on ``data_source`` to the task registered with
+:func:`recipe.mrtpo.tasks.register_task`, and returns::
+
+    {"reward_score": mean of the sample's reward scores,
+     "reward_extra_info": {
+         "mrtpo_rewards":  JSON {reward_name: score},                       (SCORES_KEY)
+         "mrtpo_contexts": JSON {reward_name: {"text": Z_k, "placement": "prompt"|"appended"}},
+         "mrtpo_task":     the data_source,
+         "mrtpo_error":    "" or "ExceptionType: message" when the verifier raised}}
+
+verl's reward loop requires every sample to carry the same extra keys, so the ragged per-reward
+scores travel as one JSON object per sample. A verifier that raises never crashes the run: the
+sample scores 0, ``mrtpo_rewards`` stays empty (the trainer fills 0 for every reward of the sample's
+group and counts ``mrtpo/verifier_errors``), and the reason is logged and kept in ``mrtpo_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+from recipe.mrtpo.estimator import CONTEXTS_KEY, SCORES_KEY
+from recipe.mrtpo.tasks import RewardResult, get_task
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+TASK_KEY = "mrtpo_task"
+ERROR_KEY = "mrtpo_error"
+
+
+def _plain(obj):
+    """numpy arrays / scalars from parquet -> plain Python, recursively (verifiers get plain data)."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def score_sample(data_source: str, response: str, ground_truth, extra_info) -> dict:
+    """Run the registered verifier of ``data_source``; never raises. Returns the reward-loop dict."""
+    try:
+        fn = get_task(str(data_source))
+        result = fn(response, _plain(ground_truth), _plain(extra_info) if extra_info is not None else None)
+        if not isinstance(result, RewardResult):
+            raise TypeError(f"verifier for {data_source!r} returned {type(result).__name__}, not RewardResult")
+        error = ""
+        scores = result.scores
+        contexts = {k: c.to_dict() for k, c in result.contexts.items()}
+        if result.info.get("errors"):
+            # a checker failed on one reward: the verifier already scored it 0; count it
+            error = "; ".join(f"{k}: {v}" for k, v in result.info["errors"].items())[:500]
+    except Exception as e:  # a verifier bug or hostile input it did not handle
+        logger.warning("mrtpo reward: verifier for data_source=%r raised %s: %s", data_source, type(e).__name__, e)
+        scores, contexts, error = {}, {}, f"{type(e).__name__}: {e}"[:500]
+    overall = sum(scores.values()) / len(scores) if scores else 0.0
+    return {
+        "reward_score": float(overall),
+        "reward_extra_info": {
+            SCORES_KEY: json.dumps(scores, sort_keys=True),
+            CONTEXTS_KEY: json.dumps(contexts, sort_keys=True, ensure_ascii=False),
+            TASK_KEY: str(data_source),
+            ERROR_KEY: error,
+        },
+    }
+
+
+@register("mrtpo")
+class MRTPORewardManager(RewardManagerBase):
+    """Multi-reward manager: one score and one context Z_k per reward, for every registered task."""
+
+    def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None, reward_model_tokenizer=None):
+        super().__init__(config, tokenizer, compute_score)
+
+    async def run_single(self, data: DataProto) -> dict:
+        assert len(data) == 1, "run_single takes one sample"
+        item = data[0]
+        response_ids = item.batch["responses"]
+        valid_len = int(item.batch["attention_mask"][-response_ids.shape[-1] :].sum())
+        ids = response_ids[:valid_len]
+        response = await self.loop.run_in_executor(None, lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
+        ntb = item.non_tensor_batch
+        data_source = ntb.get("data_source", "")
+        ground_truth = (ntb.get("reward_model") or {}).get("ground_truth")
+        extra_info = ntb.get("extra_info", None)
+        return await self.loop.run_in_executor(None, score_sample, data_source, response, ground_truth, extra_info)
