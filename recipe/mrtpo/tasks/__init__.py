@@ -1,0 +1,10 @@
+"""Verifiers, one module per task; importing this package registers the built-in tasks."""
+
+from recipe.mrtpo.tasks.base import Context, RewardResult, get_task, register_task, registered_tasks
+
+__all__ = ["Context", "RewardResult", "get_task", "register_task", "registered_tasks"]
+
+# Built-in tasks register themselves on import (see each module's bottom line).
+from recipe.mrtpo.tasks import instruction_following as _if  # noqa: E402,F401
+from recipe.mrtpo.tasks import text_to_sql as _sql  # noqa: E402,F401
+from recipe.mrtpo.tasks import tool_calling as _tool  # noqa: E402,F401

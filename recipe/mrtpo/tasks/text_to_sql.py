@@ -1,0 +1,367 @@
+"""Text-to-SQL verifier: three rewards per response (DESIGN.md section 2).
+
+``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``.
+The answer is the **last** fenced ```sql block of the response (language tag case-insensitive, ``sqlite``
+accepted too). If the last ```sql fence is never closed (a truncated answer), there is no valid block.
+
+Rewards (each 0.0 or 1.0):
+
+- ``format``: the block holds exactly one statement, it is a SELECT (optionally with WITH, or a
+  compound SELECT such as UNION), and sqlglot parses it with the ``sqlite`` dialect. ``DROP TABLE``
+  and the like parse in sqlglot, so the statement type is checked explicitly. Blocks longer than
+  ``MAX_SQL_CHARS`` fail too. Z_k: the output-format instruction (``SQL_FORMAT_INSTRUCTION`` or
+  ``extra_info["format_instruction"]``), placed in the prompt.
+- ``executable``: the block's SQL runs without error in the read-only sandbox (:mod:`sql_sandbox`).
+  Z_k: ``"executed"`` or ``"error: <message>"`` (at most 300 characters), appended.
+- ``execution_match``: the result equals the gold query's result (Spider semantics, below).
+  Z_k: the gold SQL, appended.
+
+Each reward judges one thing: ``executable`` and ``execution_match`` run the last ```sql block whatever
+``format`` says. With no block at all there is nothing to run, so all three are 0. A block that fails
+``format`` because it is not a SELECT or holds several statements is also not executable (the sandbox
+runs only one SELECT/WITH/VALUES statement); a block that SQLite runs but sqlglot cannot parse keeps
+its ``executable`` and ``execution_match`` scores.
+
+Execution match (Spider's test-suite semantics):
+
+- results are bags of rows (duplicates count); two empty results match;
+- column order is free: the rows match if some permutation of the predicted columns gives the gold
+  rows. Candidate columns are first paired by their multiset of values and the search prunes on
+  partial projections, with a work bound (``MAX_PERMUTATION_CHECKS``; exceeding it counts as a
+  mismatch and is reported in ``info``);
+- row order matters only when the gold query has a top-level ORDER BY (found with sqlglot);
+- values are normalised: ``1`` and ``1.0`` are equal, floats compare at 12 significant digits, NULL
+  equals NULL, text and numbers never equal each other (``'1'`` != ``1``), text is compared exactly;
+- a result cut at the sandbox's row/size cap: if only the prediction was cut it has more rows than
+  the gold, so no match; if the gold was cut, the match cannot be decided and scores 0 (``info``).
+
+``extra_info`` may set ``sql_timeout_s`` (float) and ``sql_max_rows`` (int) to override the sandbox
+limits (defaults 2.0 s and 10,000 rows). A malformed ``ground_truth`` is a data bug and raises
+``ValueError``; no response text, however hostile, makes ``score`` raise.
+
+``RewardResult.info`` holds diagnostics only: ``format_error``, ``exec_error``, ``match_detail``, and
+``errors`` (``{reward: message}``, which the reward manager counts) when the gold query itself fails
+(``execution_match`` is then 0 and the data should be fixed) or, as a last line of defence, when the
+verifier hits an internal error (every reward 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections import Counter
+from typing import Any, Optional, Sequence
+
+import sqlglot
+from sqlglot import exp
+
+from recipe.mrtpo.tasks.base import Context, RewardResult, register_task
+from recipe.mrtpo.tasks.sql_sandbox import (
+    DEFAULT_MAX_ROWS,
+    DEFAULT_TIMEOUT_S,
+    SqlResult,
+    execute_gold,
+    execute_sql,
+)
+
+__all__ = [
+    "SQL_FORMAT_INSTRUCTION",
+    "REWARD_KEYS",
+    "MAX_SQL_CHARS",
+    "extract_sql_block",
+    "check_format",
+    "gold_is_ordered",
+    "results_match",
+    "score",
+]
+
+SQL_FORMAT_INSTRUCTION = (
+    "Answer with exactly one SQLite query: a single SELECT statement (it may start with WITH), "
+    "written in a single ```sql code block at the end of your response."
+)
+REWARD_KEYS = ("format", "executable", "execution_match")
+MAX_SQL_CHARS = 20_000  # Spider/BIRD gold queries stay far below; bounds sqlglot's parsing time
+MAX_CONTEXT_CHARS = 300  # length bound of the ``executable`` context text
+MAX_PERMUTATION_CHECKS = 2_000
+
+_FENCE = re.compile(r"`{3,}")
+_SQL_TAG = re.compile(r"[ \t]*(?:sqlite3?|sql)(?=\s|$)", re.IGNORECASE)
+_QUERY_TYPES = (exp.Select, exp.SetOperation)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Extraction and format
+
+
+def extract_sql_block(text: str) -> Optional[str]:
+    """Body of the last fenced ```sql block, or None if there is none (or the last one is unclosed).
+
+    Fences (runs of 3+ backticks) pair up in order, as in Markdown, so the closing fence of a
+    ```python block is never taken for an opening one. The body may start on the fence's line
+    (```sql SELECT 1```).
+    """
+    fences = list(_FENCE.finditer(text))
+    last = None
+    for i in range(0, len(fences) - 1, 2):
+        content = text[fences[i].end() : fences[i + 1].start()]
+        tag = _SQL_TAG.match(content)
+        if tag is not None:
+            last = content[tag.end() :]
+    if len(fences) % 2 == 1 and _SQL_TAG.match(text, fences[-1].end()) is not None:
+        return None  # the final ```sql block was never closed: truncated answer
+    return None if last is None else last.strip()
+
+
+def check_format(sql: str) -> Optional[str]:
+    """None if ``sql`` is exactly one SELECT/WITH statement that sqlglot parses (sqlite), else why not."""
+    if not sql.strip():
+        return "empty SQL"
+    if len(sql) > MAX_SQL_CHARS:
+        return f"SQL longer than {MAX_SQL_CHARS} characters"
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="sqlite") if s is not None]
+    except Exception as e:  # ParseError, TokenError, RecursionError on absurd nesting, ...
+        return "does not parse: " + _one_line(str(e) or type(e).__name__, 200)
+    if len(statements) != 1:
+        return f"expected exactly one statement, found {len(statements)}"
+    if not isinstance(statements[0], _QUERY_TYPES):
+        return f"not a SELECT statement ({type(statements[0]).__name__})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Execution match
+
+
+@functools.lru_cache(maxsize=4096)
+def gold_is_ordered(gold_sql: str) -> bool:
+    """Whether the gold query has a top-level ORDER BY (its row order is then part of the answer)."""
+    try:
+        statements = [s for s in sqlglot.parse(gold_sql, read="sqlite") if s is not None]
+    except Exception:
+        statements = []
+    if len(statements) == 1:
+        return statements[0].args.get("order") is not None
+    return _top_level_order_by(gold_sql)
+
+
+def _top_level_order_by(sql: str) -> bool:
+    """Fallback when sqlglot cannot parse the gold: an ORDER BY outside parentheses and quotes."""
+    depth, i, n = 0, 0, len(sql)
+    lowered = sql.lower()
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"`":
+            end = sql.find(ch, i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif depth == 0 and re.match(r"order\s+by\b", lowered[i:i + 64]) and (i == 0 or not sql[i - 1].isalnum()):
+            return True
+        i += 1
+    return False
+
+
+def _canon(value: Any) -> tuple:
+    """Comparable, hashable form of one SQLite value (see the module docstring)."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, (bool, int)):
+        return (1, int(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return (0, 0)  # SQLite itself stores NaN as NULL
+        if value.is_integer() and abs(value) <= 2**53:
+            return (1, int(value))
+        return (1, float(f"{value:.12g}"))
+    if isinstance(value, str):
+        return (2, value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return (3, bytes(value))
+    return (4, repr(value))
+
+
+def results_match(pred: Sequence[tuple], gold: Sequence[tuple], ordered: bool) -> tuple[bool, str]:
+    """Spider-style equality of two row lists; returns (match, short reason)."""
+    if not pred and not gold:
+        return True, "both empty"
+    if len(pred) != len(gold):
+        return False, f"row count {len(pred)} != {len(gold)}"
+    width = len(gold[0])
+    if any(len(r) != width for r in gold) or any(len(r) != width for r in pred):
+        return False, "column count differs"
+    p_rows = [tuple(_canon(v) for v in r) for r in pred]
+    g_rows = [tuple(_canon(v) for v in r) for r in gold]
+    p_cols, g_cols = list(zip(*p_rows)), list(zip(*g_rows))
+    search = _PermutationSearch(p_cols, g_cols, ordered)
+    if search.run():
+        return True, "match"
+    return False, "column permutation search budget exceeded" if search.exhausted else "rows differ"
+
+
+class _PermutationSearch:
+    """Backtracking over gold-column -> predicted-column assignments.
+
+    A predicted column is a candidate for a gold column only if both hold the same multiset of
+    values; identical predicted columns are tried once; each partial assignment must already agree
+    on the projected rows (as bags, or as lists when order matters). At most MAX_PERMUTATION_CHECKS
+    projections are compared.
+    """
+
+    def __init__(self, p_cols: list[tuple], g_cols: list[tuple], ordered: bool):
+        self.p_cols, self.g_cols, self.ordered = p_cols, g_cols, ordered
+        signature = lambda col: tuple(sorted(Counter(col).items()))  # noqa: E731
+        p_sig = [signature(c) for c in p_cols]
+        self.candidates = [[j for j, s in enumerate(p_sig) if s == signature(g)] for g in g_cols]
+        self.checks = 0
+        self.exhausted = False
+
+    def run(self) -> bool:
+        if any(not c for c in self.candidates):
+            return False
+        return self._extend([], set())
+
+    def _agrees(self, chosen: list[int]) -> bool:
+        self.checks += 1
+        if self.checks > MAX_PERMUTATION_CHECKS:
+            self.exhausted = True
+            return False
+        n = len(chosen)
+        pred = list(zip(*(self.p_cols[j] for j in chosen)))
+        gold = list(zip(*self.g_cols[:n]))
+        return pred == gold if self.ordered else Counter(pred) == Counter(gold)
+
+    def _extend(self, chosen: list[int], used: set[int]) -> bool:
+        i = len(chosen)
+        if i == len(self.g_cols):
+            return True
+        tried: set[tuple] = set()
+        for j in self.candidates[i]:
+            if j in used or self.p_cols[j] in tried:
+                continue
+            tried.add(self.p_cols[j])
+            chosen.append(j)
+            used.add(j)
+            if self._agrees(chosen) and self._extend(chosen, used):
+                return True
+            chosen.pop()
+            used.discard(j)
+            if self.exhausted:
+                return False
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------
+# score
+
+
+def _one_line(text: str, limit: int) -> str:
+    """One printable line of at most ``limit`` characters (drops e.g. sqlglot's ANSI highlighting)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))
+    text = " ".join(text.split())
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_text(response: Any) -> str:
+    if isinstance(response, str):
+        return response
+    if isinstance(response, (bytes, bytearray)):
+        return bytes(response).decode("utf-8", errors="replace")
+    return "" if response is None else str(response)
+
+
+def _parse_ground_truth(ground_truth: Any) -> tuple[str, str]:
+    if isinstance(ground_truth, str):
+        try:
+            ground_truth = json.loads(ground_truth)
+        except ValueError as e:
+            raise ValueError(f"text_to_sql: ground_truth is a string but not JSON: {e}") from None
+    if not isinstance(ground_truth, dict):
+        raise ValueError(f"text_to_sql: ground_truth must be a dict, got {type(ground_truth).__name__}")
+    db_path, gold_sql = ground_truth.get("db_path"), ground_truth.get("gold_sql")
+    if not isinstance(db_path, str) or not db_path or not isinstance(gold_sql, str) or not gold_sql.strip():
+        raise ValueError("text_to_sql: ground_truth needs non-empty string fields 'db_path' and 'gold_sql'")
+    return db_path, gold_sql
+
+
+def _limits(extra: dict) -> dict:
+    limits = {"timeout_s": DEFAULT_TIMEOUT_S, "max_rows": DEFAULT_MAX_ROWS}
+    try:
+        t = float(extra.get("sql_timeout_s", DEFAULT_TIMEOUT_S))
+        if math.isfinite(t) and t > 0:
+            limits["timeout_s"] = min(t, 60.0)
+        r = int(extra.get("sql_max_rows", DEFAULT_MAX_ROWS))
+        if r > 0:
+            limits["max_rows"] = min(r, 1_000_000)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return limits
+
+
+def _execution_match(pred: SqlResult, db_path: str, gold_sql: str, limits: dict, info: dict) -> float:
+    gold = execute_gold(db_path, gold_sql, **limits)
+    if not gold.ok:
+        info["errors"] = {"execution_match": _one_line(f"gold SQL failed: {gold.error}", 300)}
+        return 0.0
+    if gold.truncated:
+        info["match_detail"] = "gold result exceeds the sandbox cap; match undecidable"
+        return 0.0
+    if pred.truncated:
+        info["match_detail"] = "prediction exceeds the sandbox cap (more rows than gold)"
+        return 0.0
+    matched, why = results_match(pred.rows, gold.rows, gold_is_ordered(gold_sql))
+    info["match_detail"] = why
+    return 1.0 if matched else 0.0
+
+
+def _score_response(text: str, db_path: str, gold_sql: str, limits: dict, info: dict) -> tuple[dict, str]:
+    sql = extract_sql_block(text)
+    if sql is None:
+        info["format_error"] = "no SQL block"
+        return {"format": 0.0, "executable": 0.0, "execution_match": 0.0}, "no SQL block"
+    format_error = check_format(sql)
+    if format_error is not None:
+        info["format_error"] = format_error
+    pred = execute_sql(db_path, sql, **limits)
+    scores = {"format": 0.0 if format_error else 1.0, "executable": 0.0, "execution_match": 0.0}
+    if not pred.ok:
+        info["exec_error"] = pred.error
+        return scores, pred.error
+    scores["executable"] = 1.0
+    scores["execution_match"] = _execution_match(pred, db_path, gold_sql, limits, info)
+    return scores, None
+
+
+def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) -> RewardResult:
+    """Score one response on ``format``, ``executable`` and ``execution_match`` (module docstring)."""
+    db_path, gold_sql = _parse_ground_truth(ground_truth)
+    extra = extra_info if isinstance(extra_info, dict) else {}
+    instruction = extra.get("format_instruction")
+    if not isinstance(instruction, str) or not instruction.strip():
+        instruction = SQL_FORMAT_INSTRUCTION
+    info: dict = {}
+    try:
+        scores, exec_error = _score_response(_as_text(response), db_path, gold_sql, _limits(extra), info)
+    except Exception as e:  # last line of defence: a verifier bug must not kill a training step
+        message = _one_line(f"internal error: {type(e).__name__}: {e}", 300)
+        info["errors"] = dict.fromkeys(REWARD_KEYS, message)
+        scores, exec_error = dict.fromkeys(REWARD_KEYS, 0.0), "internal error"
+    exec_text = "executed" if exec_error is None else _one_line("error: " + exec_error, MAX_CONTEXT_CHARS)
+    contexts = {
+        "format": Context(instruction, "prompt"),
+        "executable": Context(exec_text, "appended"),
+        "execution_match": Context(gold_sql, "appended"),
+    }
+    return RewardResult(scores=scores, contexts=contexts, info=info)
+
+
+register_task("text_to_sql", score)
+register_task("spider", score)
+register_task("bird", score)
+register_task("chinook", score)
