@@ -57,6 +57,13 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 RECIPE_ESTIMATORS = ("mrtpo", "gdpo")
 
 
+def _rows(x) -> list[list[int]]:
+    """Token-id rows of a (nested or padded) tensor field from TransferQueue, as lists."""
+    if getattr(x, "is_nested", False):
+        return [t.tolist() for t in x.unbind()]
+    return [list(t) if not hasattr(t, "tolist") else t.tolist() for t in x]
+
+
 def _tolist(x) -> list:
     if x is None:
         return []
@@ -104,6 +111,7 @@ class MRTPOTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch, metrics: dict):
         est = self.config.algorithm.adv_estimator
         est = getattr(est, "value", est)
+        self._last_plan_mask, self._last_replay_logprobs = None, ([], None)
         extras = self._fetch_reward_extras(batch)
         self._log_reward_metrics(extras, metrics)
         if est not in RECIPE_ESTIMATORS:
@@ -171,6 +179,15 @@ class MRTPOTrainer(PPOTrainerSync):
             mrtpo_config=mcfg,
         )
         stats = mcfg["stats"]
+        if relevance is not None:
+            # how far the token weighting moved the advantage away from GDPO's (same scores, no relevance)
+            gdpo_cfg = dict(mcfg, beta=0.0)
+            gdpo_adv, _ = compute_mrtpo_outcome_advantage(
+                token_level_rewards=data.batch["token_level_rewards"], response_mask=mask, index=index,
+                non_tensor_batch=ntb, batch={}, mrtpo_config=gdpo_cfg,
+            )
+            metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] = float(((adv - gdpo_adv).abs() * mask).max())
+            metrics.update(self._consistency_metrics(data, mask))
         metrics.update(
             {
                 "mrtpo/beta": beta_s if est == "mrtpo" else 0.0,
@@ -197,8 +214,40 @@ class MRTPOTrainer(PPOTrainerSync):
         output = {f: response_to_nested(data.batch[f], response_mask_nested) for f in out_fields}
         output = TensorDict(output, batch_size=len(batch))
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
-        self._last_advantage = {"advantages": adv.detach().cpu(), "mask": mask.cpu(), "beta": beta_s, "step": step}
+        self._maybe_dump(batch, data, extras, names, scores, index, relevance, adv, beta_s, metrics)
         return batch
+
+    def _maybe_dump(self, batch, data, extras, names, scores, index, relevance, adv, beta_s, metrics) -> None:
+        """Write what the heatmap viewer needs (``mrtpo.dump``): opt-in, every N steps, bounded size."""
+        dcfg = self.mrtpo_cfg.get("dump") or {}
+        every = int(dcfg.get("every_n_steps") or 0)
+        if every <= 0 or self.global_steps % every != 0:
+            return
+        n = min(len(index), int(dcfg.get("max_samples") or 8))
+        mask = data.batch["response_mask"][:n]
+        T = int(mask.sum(-1).max()) if n else 0
+        responses = data.batch["responses"][:n, :T]
+        replayed = self._last_plan_mask
+        if replayed is None:
+            replayed = torch.zeros(len(index), len(names), dtype=torch.bool)
+        dump = {
+            "step": int(self.global_steps),
+            "beta": float(beta_s),
+            "reward_names": list(names),
+            "uid": [str(u) for u in index[:n]],
+            "scores": scores[:n].clone(),
+            "replayed": replayed[:n].clone(),
+            "relevance": (relevance[:n, :, :T].clone() if relevance is not None else None),
+            "advantages": adv[:n, :T].detach().cpu().clone(),
+            "response_mask": mask[:, :T].cpu().clone(),
+            "response_ids": responses.cpu().clone(),
+            "response_tokens": [self.tokenizer.convert_ids_to_tokens(r.tolist()) for r in responses],
+            "contexts": [json.loads(e.get(CONTEXTS_KEY) or "{}") for e in extras[:n]],
+            "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("mrtpo/") and isinstance(v, (int, float))},
+        }
+        out = os.path.join(str(dcfg.get("dir") or os.path.join(self.config.trainer.default_local_dir, "relevance_dumps")))
+        os.makedirs(out, exist_ok=True)
+        torch.save(dump, os.path.join(out, f"step_{self.global_steps:06d}.pt"))
 
     # ------------------------------------------------------------------ helpers
     def _fetch_reward_extras(self, batch) -> list[dict]:
@@ -235,6 +284,11 @@ class MRTPOTrainer(PPOTrainerSync):
             pad_id=int(self.tokenizer.pad_token_id or 0),
         )
         metrics.update(plan.metrics())
+        prompts = _rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts"])["prompts"])
+        self._last_pall_is_rollout_prompt = [
+            plan.inputs["variant_ids"][r, 0, -int(plan.inputs["variant_lens"][r, 0]) :].tolist() == prompts[i]
+            for r, i in enumerate(plan.rows)
+        ]
         B, K, T = scores.shape[0], len(names), responses.shape[1]
         relevance = torch.zeros(B, K, T)
         if plan.rows:
@@ -254,10 +308,30 @@ class MRTPOTrainer(PPOTrainerSync):
             rel = out["relevance"][: len(plan.rows)]
             relevance[torch.tensor(plan.rows)] = rel.float()
             self._last_replay_logprobs = (plan.rows, out["replay_logprobs"][: len(plan.rows)].float())
+        self._last_plan_mask = plan.replayed_mask
         metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
         metrics["mrtpo/q_top10_share"] = q_mass_top_share(relevance, plan.replayed_mask, mask)
         self._last_relevance = relevance
         return relevance
+
+    def _consistency_metrics(self, data: DataProto, mask: torch.Tensor) -> dict:
+        """Replay log p(y_t | P_all) vs old_log_probs on rows whose P_all is the rollout prompt itself.
+
+        They are the same quantity from the same weights (the replay's own forward vs verl's), so the
+        difference measures only numerics (fp32: < 1e-4; bf16: ~1e-2).
+        """
+        rows, lp = getattr(self, "_last_replay_logprobs", ([], None))
+        same = getattr(self, "_last_pall_is_rollout_prompt", [])
+        if not rows or "old_log_probs" not in data.batch:
+            return {}
+        diffs = []
+        for r, i in enumerate(rows):
+            if r < len(same) and same[r]:
+                m = mask[i] > 0
+                diffs.append(float((lp[r][m] - data.batch["old_log_probs"][i][m].float()).abs().max()))
+        if not diffs:
+            return {"mrtpo/consistency/rows": 0}
+        return {"mrtpo/consistency/rows": len(diffs), "mrtpo/consistency/max_abs_logprob_diff": max(diffs)}
 
     def _actor_dp_size(self) -> int:
         wg = self.actor_rollout_wg

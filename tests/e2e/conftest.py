@@ -1,9 +1,10 @@
-"""Shared set-up of the end-to-end tests: the ``e2e`` marker (registered here, since pytest.ini is not
-this directory's to change) and the tiny model they train."""
+"""Shared set-up of the end-to-end tests: the ``e2e`` marker, the tiny model and the tiny IF dataset."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,15 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
 
     out = os.environ.get("MRTPO_TINY_MODEL_DIR") or tmp_path_factory.mktemp("tiny-qwen2") / "model"
     return build_tiny_qwen2(out)
+
+
+@pytest.fixture(scope="session")
+def if_train_parquet(tmp_path_factory) -> Path:
+    """8 instruction-following prompts with 2-3 constraints a random model passes part of the time
+    (no commas, no all-caps word, no letter z, under 30 words), built by the project's own builder."""
+    out = tmp_path_factory.mktemp("if-data")
+    cmd = [sys.executable, "-m", "data_prep.instruction_following", "train", "--out-dir", str(out),
+           "--constraints", "random_passable", "--min-constraints", "2", "--max-constraints", "3",
+           "--limit", "8", "--samples-per-prompt", "1", "--test-fraction", "0", "--seed", "0"]
+    subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    return out / "train.parquet"
