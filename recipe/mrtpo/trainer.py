@@ -241,7 +241,7 @@ class MRTPOTrainer(PPOTrainerSync):
             "advantages": adv[:n, :T].detach().cpu().clone(),
             "response_mask": mask[:, :T].cpu().clone(),
             "response_ids": responses.cpu().clone(),
-            "response_tokens": [self.tokenizer.convert_ids_to_tokens(r.tolist()) for r in responses],
+            "response_tokens": [[self.tokenizer.decode([t]) for t in r.tolist()] for r in responses],
             "contexts": [json.loads(e.get(CONTEXTS_KEY) or "{}") for e in extras[:n]],
             "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("mrtpo/") and isinstance(v, (int, float))},
         }
