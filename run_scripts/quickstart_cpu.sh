@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The CPU quickstart: set up (idempotent), then a few MRTPO steps through verl's real loop on a tiny
+# model, printing per-reward scores and replay statistics by step, a relevance heatmap and a reward curve.
+#   bash run_scripts/quickstart_cpu.sh [--steps 3] [--out outputs/quickstart]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash run_scripts/setup.sh || { echo "[quickstart] ERROR: setup failed (see above)" >&2; exit 1; }
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+exec "$ROOT/.venv/bin/python" -m recipe.mrtpo.quickstart "$@"
