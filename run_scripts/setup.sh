@@ -46,4 +46,14 @@ fi
 #    BFCL data, the Chinook fixture. Downloaded without dependencies, only the needed files unpacked.
 mkdir -p "$ASSETS"
 "$PY" "$ROOT/run_scripts/fetch_assets.py" --dest "$ASSETS" || die "fetching offline assets failed"
+# 3. Headless Chromium (Debian's package) for the heatmap viewer's browser test (tests/test_viz.py).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing chromium (apt-get) for tests/test_viz.py"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || die "apt-get install chromium failed"
+  else
+    log "WARNING: chromium missing and not root: tests/test_viz.py will fail; run: apt-get update && apt-get install -y chromium"
+  fi
+fi
 log "done: venv $VENV, assets $ASSETS"

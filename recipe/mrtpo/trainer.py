@@ -233,6 +233,8 @@ class MRTPOTrainer(PPOTrainerSync):
         dump = {
             "step": int(self.global_steps),
             "beta": float(beta_s),
+            "max_realloc_rms": self.mrtpo_cfg.get("max_realloc_rms", 1.0),
+            "shuffle": bool(self.mrtpo_cfg.get("shuffle", False)),
             "reward_names": list(names),
             "uid": [str(u) for u in index[:n]],
             "scores": scores[:n].clone(),
