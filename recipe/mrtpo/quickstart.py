@@ -68,27 +68,11 @@ def build_inputs(out: Path) -> tuple[Path, Path]:
 
 
 def overrides(model: Path, data: Path, out: Path, steps: int) -> list[str]:
+    from recipe.mrtpo.cpu_run import tiny_run_overrides
+
     return [
-        "algorithm.adv_estimator=mrtpo",
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=256",
-        "data.max_response_length=24",
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.n=4",
-        f"trainer.total_training_steps={steps}",
-        "trainer.total_epochs=100",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
+        *tiny_run_overrides(model, data, out, "mrtpo", steps),
         "trainer.save_freq=-1",
-        "trainer.logger=[console]",
-        f"trainer.default_local_dir={out / 'checkpoints'}",
         "trainer.experiment_name=quickstart",
         # a short warm-up so that the replay is visible within a few steps (default: 10 steps)
         "mrtpo.warmup_steps=1",

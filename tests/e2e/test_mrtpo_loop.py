@@ -16,39 +16,15 @@ import pytest
 import torch
 
 from recipe.mrtpo.advantage import group_has_variance, smoothstep_beta
-from recipe.mrtpo.cpu_run import run_cpu
+from recipe.mrtpo.cpu_run import run_cpu, tiny_run_overrides
 
 TIMEOUT_S = 600
 BETA, WARMUP = 0.5, 4
 FP32 = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
-def overrides(model: Path, data: Path, out: Path, estimator: str, steps: int, *extra: str) -> list[str]:
-    return [
-        f"algorithm.adv_estimator={estimator}",
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=256",
-        "data.max_response_length=24",
-        "data.shuffle=False",
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.n=4",
-        f"trainer.total_training_steps={steps}",
-        "trainer.total_epochs=10",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.logger=[console]",
-        f"trainer.default_local_dir={out / 'checkpoints'}",
-        f"mrtpo.beta={BETA}",
-        f"mrtpo.warmup_steps={WARMUP}",
-        *extra,
-    ]
+def overrides(model: Path, data: Path, out: Path, estimator: str, steps: int, *extra: str, lr: float = 1e-3) -> list[str]:
+    return [*tiny_run_overrides(model, data, out, estimator, steps, lr=lr), f"mrtpo.beta={BETA}", f"mrtpo.warmup_steps={WARMUP}", *extra]
 
 
 def assert_ok(res, steps):
@@ -115,7 +91,7 @@ def test_grpo_baseline_two_steps_and_weights_reach_vllm(tiny_qwen2_dir, if_train
     step 2 drops far below the random init's ~ln(151936) = 11.9 and agrees with the actor's."""
     res = run_cpu(
         "recipe.mrtpo.main_mrtpo",
-        overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "grpo", 2, "trainer.save_freq=-1", "actor_rollout_ref.actor.optim.lr=1.0"),
+        overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "grpo", 2, "trainer.save_freq=-1", lr=1.0),
         tmp_path / "run", TIMEOUT_S,
     )
     assert_ok(res, [1, 2])

@@ -79,6 +79,15 @@ class RewardResult:
             self.scores[k] = v
 
 
+def as_text(response: Any) -> str:
+    """A verifier's view of a response: str as is, bytes decoded (invalid UTF-8 replaced), None -> ""."""
+    if isinstance(response, str):
+        return response
+    if isinstance(response, (bytes, bytearray)):
+        return bytes(response).decode("utf-8", errors="replace")
+    return "" if response is None else str(response)
+
+
 ScoreFn = Callable[[str, dict, Optional[dict]], RewardResult]
 
 _TASKS: dict[str, ScoreFn] = {}

@@ -62,7 +62,7 @@ from typing import Any, Literal
 
 import nltk
 
-from recipe.mrtpo.tasks.base import Context, RewardResult, register_task
+from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
 
 _REPO = Path(__file__).resolve().parents[3]
 NLTK_DATA_ENV = "MRTPO_NLTK_DATA"
@@ -364,14 +364,6 @@ def _constraint_texts(extra_info: Any) -> list:
     return texts if isinstance(texts, list) else []
 
 
-def _as_text(response: Any) -> str:
-    if isinstance(response, str):
-        return response
-    if isinstance(response, (bytes, bytearray)):
-        return bytes(response).decode("utf-8", errors="replace")
-    return "" if response is None else str(response)
-
-
 _DEFAULT = object()
 
 
@@ -396,7 +388,7 @@ def evaluate(
     texts = _constraint_texts(extra_info)
     keys = reward_keys(ids)
     try:
-        text = strip_thinking(_as_text(response))
+        text = strip_thinking(as_text(response))
     except Exception:  # noqa: BLE001 - str methods only; kept for hostile subclasses of str
         text = ""
     too_long = None

@@ -57,7 +57,7 @@ from typing import Any, Optional, Sequence
 import sqlglot
 from sqlglot import exp
 
-from recipe.mrtpo.tasks.base import Context, RewardResult, register_task
+from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
 from recipe.mrtpo.tasks.sql_sandbox import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TIMEOUT_S,
@@ -268,14 +268,6 @@ def _one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _as_text(response: Any) -> str:
-    if isinstance(response, str):
-        return response
-    if isinstance(response, (bytes, bytearray)):
-        return bytes(response).decode("utf-8", errors="replace")
-    return "" if response is None else str(response)
-
-
 def _parse_ground_truth(ground_truth: Any) -> tuple[str, str]:
     if isinstance(ground_truth, str):
         try:
@@ -347,7 +339,7 @@ def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) 
         instruction = SQL_FORMAT_INSTRUCTION
     info: dict = {}
     try:
-        scores, exec_error = _score_response(_as_text(response), db_path, gold_sql, _limits(extra), info)
+        scores, exec_error = _score_response(as_text(response), db_path, gold_sql, _limits(extra), info)
     except Exception as e:  # last line of defence: a verifier bug must not kill a training step
         message = _one_line(f"internal error: {type(e).__name__}: {e}", 300)
         info["errors"] = dict.fromkeys(REWARD_KEYS, message)

@@ -90,7 +90,7 @@ import math
 import re
 from typing import Any, Optional
 
-from recipe.mrtpo.tasks.base import Context, RewardResult, register_task
+from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
 
 __all__ = [
     "TOOL_FORMAT_INSTRUCTION",
@@ -343,14 +343,6 @@ def _tool_optional_defaults(tools: list[dict]) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _as_text(response: Any) -> str:
-    if isinstance(response, str):
-        return response
-    if isinstance(response, (bytes, bytearray)):
-        return bytes(response).decode("utf-8", errors="replace")
-    return "" if response is None else str(response)
-
-
 def _has_tag(s: str) -> bool:
     return any(t in s for t in _TAGS)
 
@@ -370,7 +362,7 @@ def _strict_call(obj: Any) -> Optional[str]:
 
 def check_format(response: str, allow_plain_text: bool = False) -> tuple[bool, str]:
     """(valid, reason) for the format reward; ``allow_plain_text`` is the irrelevance rule."""
-    text = _as_text(response)
+    text = as_text(response)
     pos = _WS.match(text).end()
     if text.startswith(THINK_OPEN, pos):
         start = pos + len(THINK_OPEN)
@@ -450,7 +442,7 @@ def _outside_think(text: str) -> str:
 
 def extract_calls(response: str) -> list[dict]:
     """The calls ``correctness`` reads (lenient; see the module docstring). Never raises."""
-    text = _outside_think(_as_text(response))
+    text = _outside_think(as_text(response))
     pos = 0
     calls: list[dict] = []
     next_close = -2  # cached position of the next </tool_call> at or after the block start
@@ -629,7 +621,7 @@ def score(response: str, ground_truth: dict, extra_info: dict | None = None) -> 
     }
     info: dict[str, Any] = {"n_ref_calls": len(ref)}
     try:
-        text = _as_text(response)
+        text = as_text(response)
         ok, reason = check_format(text, allow_plain_text=not ref)
         pred = extract_calls(text)
         fmt, corr = float(ok), correctness_score(pred, ref, tools)
@@ -646,7 +638,7 @@ def exact_match(response: str, ground_truth: dict, require_format: bool = False)
     :func:`values_match`). ``require_format`` also demands format 1."""
     ref, tools = _ground_truth(ground_truth)
     try:
-        text = _as_text(response)
+        text = as_text(response)
         if require_format and not check_format(text, allow_plain_text=not ref)[0]:
             return False
         pred = extract_calls(text)
