@@ -1,0 +1,295 @@
+# shellcheck shell=bash
+# Shared logic of the per-(model, task) run scripts (run_scripts/qwen{1.5b,3b,7b}_{ifbench,text2sql,toolcall}.sh).
+# Sourced, never run: a per-model script is `source common.sh` + `mrtpo_launch <size> <task> "$@"`.
+#
+# It composes one command line
+#     <venv python> -m recipe.mrtpo.main_mrtpo <the overrides below> <ALGO's overrides> "$@"
+# (the caller's extra arguments last, so they win over everything here) and runs it, or with DRY_RUN=1
+# prints the composed config instead (Hydra's `--cfg job --resolve`: no Ray, no GPU, a few seconds).
+#
+# Environment (all optional):
+#   ALGO             mrtpo (default) | gdpo | grpo | cort | shuffle; only what differs is switched:
+#                      grpo    algorithm.adv_estimator=grpo   (one summed reward, verl's GRPO)
+#                      gdpo    algorithm.adv_estimator=gdpo   (per-reward group normalisation, no replay)
+#                      mrtpo   algorithm.adv_estimator=mrtpo  (GDPO + per-reward token relevance, the method)
+#                      cort    mrtpo + mrtpo.mode=cort        (CoRT-style joint replay baseline)
+#                      shuffle mrtpo + mrtpo.shuffle=True     (control: relevance permuted over positions)
+#   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
+#   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)
+#   VAL_FILES        parquet file(s), comma-separated (default: the task's evaluation sets under data/)
+#                    Relative paths are taken from the directory you call the script from.
+#   NNODES           nodes (default 1). More than one: start a Ray cluster over the nodes first (`ray start
+#                    --head` on one, `ray start --address=<head>:6379` on the others; the repository at the
+#                    same path on every node), then run the script on the head node.
+#   N_GPUS_PER_NODE  GPUs per node (default 8)
+#   DRY_RUN=1        print the composed, resolved config as YAML on stdout and exit; starts nothing
+#   PROJECT_NAME     trainer.project_name (default mrtpo)
+#   EXPERIMENT_NAME  trainer.experiment_name (default <model folder name>_<task>_<ALGO>, lower case)
+#   MRTPO_VENV       the venv whose python runs verl (default <repo>/.venv; else `python` on PATH)
+# The command line is echoed on stderr before it runs.
+
+MRTPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MRTPO_ALGOS="mrtpo gdpo grpo cort shuffle"
+
+mrtpo_die() { printf '[mrtpo] ERROR: %s\n' "$*" >&2; exit 1; }
+mrtpo_log() { printf '[mrtpo] %s\n' "$*" >&2; }
+
+# mrtpo_abspath PATH: PATH made absolute against the caller's working directory (URLs kept as they are).
+mrtpo_abspath() {
+  case "$1" in
+    /* | *://*) printf '%s' "$1" ;;
+    *) printf '%s/%s' "$PWD" "${1#./}" ;;
+  esac
+}
+
+# mrtpo_trim STR: STR without leading and trailing white space.
+mrtpo_trim() {
+  local s="$1"
+  s="${s#"${s%%[![:space:]]*}"}"
+  printf '%s' "${s%"${s##*[![:space:]]}"}"
+}
+
+# mrtpo_rooted "a,b,...": each relative path of the list taken under the repository root.
+mrtpo_rooted() {
+  local out="" p
+  local -a parts
+  IFS=',' read -r -a parts <<< "$1"
+  for p in "${parts[@]}"; do
+    case "$p" in /* | *://*) ;; *) p="$MRTPO_ROOT/$p" ;; esac
+    out+="${out:+,}$p"
+  done
+  printf '%s' "$out"
+}
+
+# mrtpo_hydra_list "a,b,...": a Hydra list of single-quoted absolute paths, e.g. ['/x/a.parquet','/x/b.parquet'].
+mrtpo_hydra_list() {
+  local out="" p
+  local -a parts
+  IFS=',' read -r -a parts <<< "$1"
+  for p in "${parts[@]}"; do
+    p="$(mrtpo_trim "$p")"
+    [ -n "$p" ] || continue
+    case "$p" in *"'"* | *"\\"*) mrtpo_die "data path with a quote or backslash is not supported: $p" ;; esac
+    out+="${out:+,}'$(mrtpo_abspath "$p")'"
+  done
+  [ -n "$out" ] || mrtpo_die "empty file list: '$1'"
+  printf '[%s]' "$out"
+}
+
+# mrtpo_check_files "a,b,...": every local path exists, else a clear error naming the builder command.
+mrtpo_check_files() {
+  local p missing=""
+  local -a parts
+  IFS=',' read -r -a parts <<< "$1"
+  for p in "${parts[@]}"; do
+    p="$(mrtpo_trim "$p")"
+    [ -z "$p" ] || [[ "$p" == *://* ]] || [ -f "$(mrtpo_abspath "$p")" ] || missing+=" $(mrtpo_abspath "$p")"
+  done
+  [ -z "$missing" ] || {
+    if [ -n "$DRY_RUN_ON" ]; then mrtpo_log "warning: missing data file(s):$missing (dry run: continuing)"; return 0; fi
+    mrtpo_die "missing data file(s):$missing
+  build them first: $TASK_DATA_HINT"
+  }
+}
+
+# mrtpo_python: the interpreter that has verl (the project's venv if present).
+mrtpo_python() {
+  local venv="${MRTPO_VENV:-$MRTPO_ROOT/.venv}"
+  if [ -x "$venv/bin/python" ]; then printf '%s' "$venv/bin/python"
+  elif command -v python >/dev/null 2>&1; then printf 'python'
+  elif command -v python3 >/dev/null 2>&1; then printf 'python3'
+  else mrtpo_die "no python found (run: bash run_scripts/setup.sh, or set MRTPO_VENV)"; fi
+}
+
+# _mrtpo_size SIZE: what scales with the model. Sized for 80 GB GPUs (A100/H100), one node of 8; with
+# fewer or smaller GPUs lower the token budgets (or add ...fsdp_config.param_offload=True) on the command line.
+_mrtpo_size() {
+  case "$1" in
+    1.5b)
+      MODEL_SIZE=1.5B
+      ROLLOUT_TP=1             # vLLM tensor parallel: the whole model on one GPU (as GDPO's 1.5B run)
+      PPO_MAX_TOKENS=24576     # tokens per GPU per actor-update micro-batch (dynamic batch size): ~8 x 3072
+      LOGPROB_MAX_TOKENS=32768 # tokens per GPU per old/ref log-prob micro-batch (no gradients)
+      REF_OFFLOAD=False        # the reference model stays on GPU (small)
+      REPLAY_MB=16             # mrtpo.replay_micro_batch_size: prompt variants per replay forward
+      ;;
+    3b)
+      MODEL_SIZE=3B
+      ROLLOUT_TP=1
+      PPO_MAX_TOKENS=16384
+      LOGPROB_MAX_TOKENS=32768
+      REF_OFFLOAD=False
+      REPLAY_MB=8
+      ;;
+    7b)
+      MODEL_SIZE=7B
+      ROLLOUT_TP=2             # 7B in bf16 (~15 GB) plus KV cache: two GPUs per vLLM engine
+      PPO_MAX_TOKENS=12288     # ~4 x 3072
+      LOGPROB_MAX_TOKENS=24576
+      REF_OFFLOAD=True         # reference weights on CPU between its forwards (as GDPO's published run)
+      REPLAY_MB=4
+      ;;
+    *) mrtpo_die "unknown model size '$1' (1.5b | 3b | 7b)" ;;
+  esac
+}
+
+# _mrtpo_task TASK: default model family and data of each task (files as data_prep writes them).
+_mrtpo_task() {
+  case "$1" in
+    ifbench)
+      # Train: multi-constraint prompts (one reward per constraint); validate on IFEval and IFBench.
+      MODEL_DEFAULT="Qwen/Qwen2.5-${MODEL_SIZE}-Instruct"
+      TRAIN_DEFAULT="data/instruction_following/train.parquet"
+      VAL_DEFAULT="data/ifeval/test.parquet,data/ifbench/test.parquet"
+      MAX_PROMPT_LENGTH=2048
+      TASK_DATA_HINT="python -m data_prep.build_offline --out data"
+      ;;
+    text2sql)
+      # Train on Spider train, validate on Spider dev and BIRD dev (execution accuracy = the
+      # execution_match reward). Both need local copies of the official releases (see data_prep/text_to_sql.py);
+      # the offline Chinook set (data/chinook, 197 train rows) is a smoke test: it needs data.train_batch_size < 197.
+      MODEL_DEFAULT="Qwen/Qwen2.5-Coder-${MODEL_SIZE}-Instruct"
+      TRAIN_DEFAULT="data/spider/train.parquet"
+      VAL_DEFAULT="data/spider/test.parquet,data/bird/test.parquet"
+      MAX_PROMPT_LENGTH=4096   # database schemas (BIRD's especially) are long; longer prompts are dropped
+      TASK_DATA_HINT="python -m data_prep.text_to_sql --source spider|bird ... (local Spider/BIRD copies; see its --help)"
+      ;;
+    toolcall)
+      # Train and validate on the hash split of BFCL's AST-checkable categories (format + correctness rewards).
+      MODEL_DEFAULT="Qwen/Qwen2.5-${MODEL_SIZE}-Instruct"
+      TRAIN_DEFAULT="data/bfcl/train.parquet"
+      VAL_DEFAULT="data/bfcl/test.parquet"
+      MAX_PROMPT_LENGTH=2048
+      TASK_DATA_HINT="python -m data_prep.build_offline --out data"
+      ;;
+    *) mrtpo_die "unknown task '$1' (ifbench | text2sql | toolcall)" ;;
+  esac
+}
+
+# _mrtpo_algo ALGO: the overrides that differ between the compared methods (ALGO_ARGS).
+_mrtpo_algo() {
+  case "$1" in
+    grpo) ALGO_ARGS=(algorithm.adv_estimator=grpo) ;;
+    gdpo) ALGO_ARGS=(algorithm.adv_estimator=gdpo) ;;
+    mrtpo) ALGO_ARGS=(algorithm.adv_estimator=mrtpo) ;;
+    cort) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.mode=cort) ;;
+    shuffle) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.shuffle=True) ;;
+    *) mrtpo_die "unknown ALGO '$1' (one of: $MRTPO_ALGOS)" ;;
+  esac
+}
+
+# mrtpo_launch SIZE TASK [extra Hydra overrides...]: compose and run (or, with DRY_RUN=1, print) the config.
+mrtpo_launch() {
+  [ $# -ge 2 ] || mrtpo_die "usage: mrtpo_launch <1.5b|3b|7b> <ifbench|text2sql|toolcall> [overrides...]"
+  local size="$1" task="$2"
+  shift 2
+  case "${DRY_RUN:-0}" in
+    1 | true | True | yes) DRY_RUN_ON=1 ;;
+    0 | "" | false | False | no) DRY_RUN_ON="" ;;
+    *) mrtpo_die "DRY_RUN must be 1 or 0, got '$DRY_RUN'" ;;
+  esac
+  local algo="${ALGO:-mrtpo}"
+  _mrtpo_size "$size"
+  _mrtpo_task "$task"
+  _mrtpo_algo "$algo"
+
+  local nnodes="${NNODES:-1}" ngpus="${N_GPUS_PER_NODE:-8}"
+  [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "NNODES must be a positive integer, got '$nnodes'"
+  [[ "$ngpus" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "N_GPUS_PER_NODE must be a positive integer, got '$ngpus'"
+
+  local model="${MODEL_PATH:-$MODEL_DEFAULT}"
+  [ -n "$model" ] || mrtpo_die "MODEL_PATH is empty"
+  # A local folder (absolute, ./relative or existing) becomes absolute; anything else is a hub id.
+  if [[ "$model" == /* || "$model" == .* || -e "$model" ]]; then model="$(mrtpo_abspath "$model")"; fi
+  case "$model" in *"'"* | *"\\"*) mrtpo_die "MODEL_PATH with a quote or backslash is not supported: $model" ;; esac
+
+  # Defaults live in the repository's data/ wherever the script is called from.
+  local train="${TRAIN_FILES:-$(mrtpo_rooted "$TRAIN_DEFAULT")}" val="${VAL_FILES:-$(mrtpo_rooted "$VAL_DEFAULT")}"
+  mrtpo_check_files "$train"
+  mrtpo_check_files "$val"
+  local train_list val_list
+  train_list="$(mrtpo_hydra_list "$train")"
+  val_list="$(mrtpo_hydra_list "$val")"
+
+  local model_tag
+  model_tag="$(basename "${model%/}" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9._\n-' '-')"
+  local experiment="${EXPERIMENT_NAME:-${model_tag}_${task}_${algo}}"
+  local pythonpath="$MRTPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+  local -a args=(
+    # --- data ------------------------------------------------------------------------------------------
+    "data.train_files=$train_list"
+    "data.val_files=$val_list"
+    data.train_batch_size=512                 # prompts per step (GDPO's tool-calling setup); x n = 2048 responses
+    "data.max_prompt_length=$MAX_PROMPT_LENGTH"  # 2048 as GDPO; 4096 for SQL schemas
+    data.max_response_length=1024             # GDPO's tool-calling setup
+    data.filter_overlong_prompts=True         # drop (and count) prompts over max_prompt_length instead of failing
+    data.truncation=error
+    # --- model -----------------------------------------------------------------------------------------
+    "actor_rollout_ref.model.path='$model'"
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+    # --- actor (policy update) -------------------------------------------------------------------------
+    actor_rollout_ref.actor.strategy=fsdp2    # verl's recommended FSDP; the recipe's replay runs on the same module
+    actor_rollout_ref.actor.optim.lr=1e-6     # GDPO's tool-calling setup
+    actor_rollout_ref.actor.ppo_mini_batch_size=128   # prompts per update: 4 updates per step (as GDPO)
+    actor_rollout_ref.actor.ppo_epochs=1
+    actor_rollout_ref.actor.use_dynamic_bsz=True      # micro-batches packed by tokens (as GDPO); budget below
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKENS"
+    actor_rollout_ref.actor.use_kl_loss=True          # KL to the reference policy in the actor loss ...
+    actor_rollout_ref.actor.kl_loss_coef=0.001        # ... coefficient 0.001 (GDPO's setup) ...
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl   # ... k3 estimator
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.loss_agg_mode=token-mean
+    actor_rollout_ref.actor.fsdp_config.param_offload=False
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+    # --- reference policy (for the KL loss) --------------------------------------------------------------
+    actor_rollout_ref.ref.strategy=fsdp2
+    "actor_rollout_ref.ref.fsdp_config.param_offload=$REF_OFFLOAD"
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKENS"
+    # --- rollout (vLLM) ----------------------------------------------------------------------------------
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=4                     # responses per prompt (GDPO's setup)
+    actor_rollout_ref.rollout.temperature=1.0
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKENS"
+    # validation decodes greedily (verl's default val_kwargs: temperature 0, one sample per prompt)
+    # --- algorithm ---------------------------------------------------------------------------------------
+    algorithm.use_kl_in_reward=False                  # the KL is in the loss (above), not in the reward
+    algorithm.norm_adv_by_std_in_grpo=True
+    # MRTPO's knobs (DESIGN.md section 1); read only by adv_estimator=mrtpo.
+    mrtpo.beta=0.5                # reallocation strength after warm-up (0 = GDPO)
+    mrtpo.warmup_steps=10         # beta ramps in with a smoothstep over the first 10 steps
+    mrtpo.max_realloc_rms=1.0     # rho: RMS bound on the reallocated part w - 1 per (sample, reward)
+    mrtpo.measure=js_distance     # sqrt(JSD / ln 2) between the P_all and P_minus_k next-token distributions
+    "mrtpo.replay_micro_batch_size=$REPLAY_MB"
+    # --- trainer -----------------------------------------------------------------------------------------
+    "trainer.nnodes=$nnodes"
+    "trainer.n_gpus_per_node=$ngpus"
+    "trainer.project_name=${PROJECT_NAME:-mrtpo}"
+    "trainer.experiment_name=$experiment"
+    trainer.total_training_steps=100  # ~GDPO's run (15 epochs of ToolRL's 4k rows at 512 ~ 105 steps), the same
+    trainer.total_epochs=100          # for every task whatever its size: >= 1 step per epoch, so the steps decide
+    trainer.val_before_train=True     # step-0 scores of the base model
+    trainer.test_freq=10
+    trainer.save_freq=50
+    trainer.max_actor_ckpt_to_keep=2
+    trainer.critic_warmup=0
+    "trainer.logger=[console]"        # add wandb with: 'trainer.logger=[console,wandb]'
+    # Ray workers (on every node) import the recipe from the repository.
+    "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
+  )
+
+  local py
+  py="$(mrtpo_python)"
+  local -a cmd=("$py" -m recipe.mrtpo.main_mrtpo)
+  [ -z "$DRY_RUN_ON" ] || cmd+=(--cfg job --resolve)
+  cmd+=("${args[@]}" "${ALGO_ARGS[@]}" "$@")
+
+  cd "$MRTPO_ROOT" || mrtpo_die "cannot cd to $MRTPO_ROOT"
+  export PYTHONPATH="$pythonpath"
+  export HYDRA_FULL_ERROR=1
+  mrtpo_log "$(printf '%q ' "${cmd[@]}")"
+  exec "${cmd[@]}"
+}

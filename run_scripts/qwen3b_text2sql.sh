@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# MRTPO recipe, Qwen/Qwen2.5-Coder-3B-Instruct: text-to-SQL: rewards format / executable / execution match, trained on Spider, validated on Spider + BIRD dev.
+# Data: python -m data_prep.text_to_sql --source spider|bird ...   (local Spider/BIRD copies: data/spider, data/bird)
+#   bash run_scripts/qwen3b_text2sql.sh                              # MRTPO on 1 node x 8 GPUs
+#   ALGO=gdpo bash run_scripts/qwen3b_text2sql.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
+#   DRY_RUN=1 bash run_scripts/qwen3b_text2sql.sh                    # print the composed config only (no Ray, no GPU)
+#   MODEL_PATH=/models/... TRAIN_FILES=... VAL_FILES=a,b NNODES=2 bash run_scripts/qwen3b_text2sql.sh trainer.save_freq=20
+# Every extra argument is a Hydra override passed to verl last (it wins). Hyper-parameters and the
+# environment variables are in run_scripts/common.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+mrtpo_launch 3b text2sql "$@"

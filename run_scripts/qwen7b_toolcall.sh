@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# MRTPO recipe, Qwen/Qwen2.5-7B-Instruct: tool calling: rewards format / correctness, on the hash split of BFCL's AST-checkable categories.
+# Data: python -m data_prep.build_offline --out data   (data/bfcl)
+#   bash run_scripts/qwen7b_toolcall.sh                              # MRTPO on 1 node x 8 GPUs
+#   ALGO=gdpo bash run_scripts/qwen7b_toolcall.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
+#   DRY_RUN=1 bash run_scripts/qwen7b_toolcall.sh                    # print the composed config only (no Ray, no GPU)
+#   MODEL_PATH=/models/... TRAIN_FILES=... VAL_FILES=a,b NNODES=2 bash run_scripts/qwen7b_toolcall.sh trainer.save_freq=20
+# Every extra argument is a Hydra override passed to verl last (it wins). Hyper-parameters and the
+# environment variables are in run_scripts/common.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+mrtpo_launch 7b toolcall "$@"
