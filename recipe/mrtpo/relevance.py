@@ -32,6 +32,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 LN2 = math.log(2.0)
 MEASURES = ("js_distance", "js_divergence")
@@ -47,31 +48,58 @@ def default_chunk_size(vocab_size: int) -> int:
 
 
 def _log_softmax_fp32(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) in fp32, floored at -1e4 (finite for -inf / huge logits)."""
+    """log softmax(logits / temperature) in fp32, floored at -1e4 (finite for -inf logits).
+
+    Rows holding NaN or +inf logits (never produced by a model; hostile input) are repaired afterwards
+    (their log-softmax is NaN): only those rows pay for ``nan_to_num``.
+    """
     x = logits.float()
     if temperature != 1.0:
         x = x / temperature
-    # nan_to_num: +inf logits (never produced by a model, but hostile input) become a large finite value.
-    x = torch.nan_to_num(x, nan=_LOGP_FLOOR, posinf=3.0e38, neginf=-3.0e38)
-    return torch.log_softmax(x, dim=-1).clamp_(min=_LOGP_FLOOR)
+    out = torch.log_softmax(x, dim=-1)
+    bad = torch.isnan(out[:, 0]) if out.dim() == 2 else None
+    if bad is not None and bool(bad.any()):
+        rows = bad.nonzero(as_tuple=False).squeeze(-1)
+        fixed = torch.nan_to_num(x.index_select(0, rows), nan=_LOGP_FLOOR, posinf=3.0e38, neginf=-3.0e38)
+        out[rows] = torch.log_softmax(fixed, dim=-1)
+    return out.clamp_(min=_LOGP_FLOOR)
 
 
 def _jsd_rows(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
-    """JSD in nats for each row of two log-probability tensors [N, V] (fp32).
+    """JSD in nats for each row of two log-probability tensors [N, V] (fp32). Consumes ``lq``.
 
-    With d = log q - log p and t = ln2 - log1p(exp(-|d|)) (so that log m = max(lp, lq) - t):
-        log(p / m) = t - relu(d),   log(q / m) = t - relu(-d)
-        JSD = 0.5 * sum_v [ (p + q) t - p relu(d) - q relu(-d) ]
+    With a = |log q - log p| and t = ln2 - log1p(exp(-a)) (so that log m = max(lp, lq) - t):
+        log(p / m) = t - relu(log q - log p),   log(q / m) = t - relu(log p - log q)
+        JSD = 0.5 * sum_v [ (p + q) t - p relu(lq - lp) - q relu(lp - lq) ]
+            = 0.5 * sum_v [ (p + q) t - min(p, q) a ]
     No term subtracts two large numbers: identical rows give exactly 0, and a token that one
     distribution gives ~0 probability contributes the other's mass times ln2 without rounding loss.
     """
-    d = lq - lp
+    a = (lq - lp).abs_()
     p = lp.exp()
-    q = lq.exp()
-    t = d.abs().neg_().exp_().log1p_().neg_().add_(LN2)
+    q = lq.exp_()
+    t = F.softplus(a.neg()).neg_().add_(LN2)
     s = (p + q).mul_(t)
-    s.sub_(p.mul_(d.clamp(min=0.0))).sub_(q.mul_(d.clamp_(max=0.0).neg_()))
+    s.sub_(torch.minimum(p, q).mul_(a))
     return s.sum(dim=-1).mul_(0.5).clamp_(min=0.0, max=LN2)
+
+
+def _rows(flat: torch.Tensor, rows: torch.Tensor, contiguous: bool) -> torch.Tensor:
+    """The given rows of [N, V]: a view when they are one contiguous range (no copy), else a gather."""
+    if contiguous:
+        return flat[int(rows[0]) : int(rows[0]) + rows.numel()]
+    return flat.index_select(0, rows)
+
+
+def _chunks(mask: torch.Tensor, shape, chunk_size: Optional[int], V: int):
+    """Yield (rows, is_contiguous) over the valid flat positions, at most ``chunk_size`` at a time."""
+    idx = _valid_positions(mask, shape)
+    chunk = int(chunk_size) if chunk_size else default_chunk_size(V)
+    if chunk < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    for start in range(0, idx.numel(), chunk):
+        rows = idx[start : start + chunk]
+        yield rows, int(rows[-1] - rows[0]) + 1 == rows.numel()
 
 
 def _valid_positions(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -109,22 +137,65 @@ def js_distance_from_logits(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T, V = logits_p.shape
-    idx = _valid_positions(mask, logits_p.shape[:2])
     out = torch.zeros(B * T, dtype=torch.float32, device=logits_p.device)
-    chunk = int(chunk_size) if chunk_size else default_chunk_size(V)
-    if chunk < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     flat_p = logits_p.reshape(B * T, V)
     flat_q = logits_q.reshape(B * T, V)
-    for start in range(0, idx.numel(), chunk):
-        rows = idx[start : start + chunk]
-        lp = _log_softmax_fp32(flat_p.index_select(0, rows), temperature)
-        lq = _log_softmax_fp32(flat_q.index_select(0, rows), temperature)
+    for rows, contiguous in _chunks(mask, logits_p.shape[:2], chunk_size, V):
+        lp = _log_softmax_fp32(_rows(flat_p, rows, contiguous), temperature)
+        lq = _log_softmax_fp32(_rows(flat_q, rows, contiguous), temperature)
         out[rows] = _jsd_rows(lp, lq)
         del lp, lq
     if measure == "js_distance":
         out = out.div_(LN2).clamp_(0.0, 1.0).sqrt_()
     return out.view(B, T)
+
+
+def relevance_against_reference(
+    logits_ref: torch.Tensor,
+    logits_variants: torch.Tensor,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    measure: str = "js_distance",
+    chunk_size: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relevance of J prompt variants against one reference (P_all) over the same response, in one pass.
+
+    The replay's inner loop: P_all's log-softmax is computed once per chunk of positions and shared by
+    every variant (instead of once per variant), and the sampled ids' log-probs under P_all come out
+    of the same pass.
+
+    Args:
+        logits_ref: [T, V] logits under P_all; logits_variants: [J, T, V] under each P_minus.
+        ids: [T] sampled response ids; mask: [T] valid positions.
+        measure: ``js_distance`` | ``js_divergence`` | ``logprob_contrast``.
+
+    Returns:
+        (q [J, T] fp32, log p(y_t | P_all) [T] fp32), 0 where masked.
+    """
+    if measure not in MEASURES + ("logprob_contrast",):
+        raise ValueError(f"measure must be one of {MEASURES + ('logprob_contrast',)}, got {measure!r}")
+    T, V = logits_ref.shape
+    J = logits_variants.shape[0]
+    if logits_variants.shape[1:] != (T, V) or ids.shape != (T,) or mask.shape != (T,):
+        raise ValueError("shapes must be ref [T, V], variants [J, T, V], ids [T], mask [T]")
+    q = torch.zeros(J, T, dtype=torch.float32, device=logits_ref.device)
+    logp = torch.zeros(T, dtype=torch.float32, device=logits_ref.device)
+    for rows, contiguous in _chunks(mask.unsqueeze(0), (1, T), chunk_size, V):
+        lp = _log_softmax_fp32(_rows(logits_ref, rows, contiguous), temperature)
+        picked = ids.index_select(0, rows).unsqueeze(-1)
+        logp[rows] = lp.gather(-1, picked).squeeze(-1)
+        for j in range(J):
+            lq = _log_softmax_fp32(_rows(logits_variants[j], rows, contiguous), temperature)
+            if measure == "logprob_contrast":
+                q[j, rows] = (logp[rows] - lq.gather(-1, picked).squeeze(-1)).abs_()
+            else:
+                q[j, rows] = _jsd_rows(lp, lq)
+            del lq
+        del lp
+    if measure == "js_distance":
+        q = q.div_(LN2).clamp_(0.0, 1.0).sqrt_()
+    return q, logp
 
 
 def sampled_logprobs_from_logits(
@@ -142,14 +213,11 @@ def sampled_logprobs_from_logits(
     if logits.dim() != 3 or ids.shape != logits.shape[:2]:
         raise ValueError(f"logits [B, T, V] and ids [B, T] expected, got {tuple(logits.shape)}, {tuple(ids.shape)}")
     B, T, V = logits.shape
-    idx = _valid_positions(mask, logits.shape[:2])
     out = torch.zeros(B * T, dtype=torch.float32, device=logits.device)
-    chunk = int(chunk_size) if chunk_size else default_chunk_size(V)
     flat = logits.reshape(B * T, V)
     flat_ids = ids.reshape(-1)
-    for start in range(0, idx.numel(), chunk):
-        rows = idx[start : start + chunk]
-        z = flat.index_select(0, rows).float()
+    for rows, contiguous in _chunks(mask, logits.shape[:2], chunk_size, V):
+        z = _rows(flat, rows, contiguous).float()
         if temperature != 1.0:
             z = z / temperature
         picked = z.gather(-1, flat_ids.index_select(0, rows).unsqueeze(-1)).squeeze(-1)

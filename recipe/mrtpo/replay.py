@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from recipe.mrtpo.relevance import relevance_from_logits, sampled_logprobs_from_logits
+from recipe.mrtpo.relevance import relevance_against_reference
 
 # forward(input_ids [b, L], attention_mask [b, L], position_ids [b, L], keep: int) -> logits [b, keep, V]
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -84,7 +84,8 @@ def replay_relevance(
 
     Rows are processed one at a time; the variants of a row (P_all first) go through the model in
     micro-batches of ``micro_batch_size`` sequences, P_all's response logits are kept while the
-    row's P_minus_k variants are compared with it. ``sync_forward_count(n_local) -> n_global`` lets a
+    row's P_minus_k variants are compared with it (its log-softmax computed once per chunk of
+    positions and shared by the variants of a micro-batch). ``sync_forward_count(n_local) -> n_global`` lets a
     data-parallel caller pad every rank to the same number of forwards (FSDP all-gathers per forward);
     the padding forwards run one pad token and are discarded.
     """
@@ -107,27 +108,27 @@ def replay_relevance(
         )
         ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
         resp_ids = responses[r : r + 1].to(device)
-        logits_all = None
+        ref = None  # P_all's response logits [T, V], kept while the row's variants are compared with it
+        ids_r, mask_1d = resp_ids[0], mask_r[0]
         for start in range(0, len(order), micro_batch_size):
             sl = slice(start, start + micro_batch_size)
             # keep T + 1 positions: position P - 1 + t predicts response token t
             logits = forward(ids[sl], attn[sl], pos[sl], T + 1)[:, :T]
             n_forwards += 1
-            for j_local in range(logits.shape[0]):
-                j = start + j_local
-                lg = logits[j_local : j_local + 1]
-                if j == 0:
-                    logits_all = lg
-                    logprobs[r] = sampled_logprobs_from_logits(lg, resp_ids, mask_r, temperature, chunk_size)[0].cpu()
-                    continue
-                q = relevance_from_logits(
-                    logits_all, lg, mask_r, ids=resp_ids, temperature=temperature, measure=measure, chunk_size=chunk_size
-                )[0].cpu()
+            if start == 0:
+                ref, variants, first = logits[0], logits[1:], 1
+            else:
+                variants, first = logits, start
+            q, lp_ref = relevance_against_reference(ref, variants, ids_r, mask_1d, temperature, measure, chunk_size)
+            if start == 0:
+                logprobs[r] = lp_ref.cpu()
+            for j_local in range(q.shape[0]):
+                variant = order[first + j_local]
                 for k in range(K):
-                    if int(pair_variant[r, k]) == order[j]:
-                        relevance[r, k] = q
-            del logits
-        del logits_all
+                    if int(pair_variant[r, k]) == variant:
+                        relevance[r, k] = q[j_local].cpu()
+            del logits, variants
+        del ref
     if sync_forward_count is not None:
         total = sync_forward_count(n_forwards)
         dummy = torch.full((1, 1), pad_id, dtype=torch.long, device=device)

@@ -8,3 +8,4 @@ __all__ = ["Context", "RewardResult", "get_task", "register_task", "registered_t
 from recipe.mrtpo.tasks import instruction_following as _if  # noqa: E402,F401
 from recipe.mrtpo.tasks import text_to_sql as _sql  # noqa: E402,F401
 from recipe.mrtpo.tasks import tool_calling as _tool  # noqa: E402,F401
+from recipe.mrtpo.tasks import synthetic_slots as _slots  # noqa: E402,F401
