@@ -254,3 +254,4 @@ def test_common_sh_is_not_a_script():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+

@@ -29,6 +29,13 @@ class MRTPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
 def run(config) -> None:
     if not config.trainer.use_v1:
         raise ValueError("the MRTPO recipe runs on verl's v1 trainer (trainer.use_v1=True)")
+    est = str(config.algorithm.adv_estimator)
+    if est in ("mrtpo", "gdpo") and config.algorithm.use_kl_in_reward:
+        raise ValueError(
+            f"algorithm.use_kl_in_reward=True has no effect with adv_estimator={est}: its advantage is built from "
+            "the per-reward scores, not the token-level reward. Use the KL loss instead "
+            "(actor_rollout_ref.actor.use_kl_loss=True, kl_loss_coef, kl_loss_type)."
+        )
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=MRTPOTaskRunner)

@@ -154,8 +154,6 @@ class MRTPOTrainer(PPOTrainerSync):
             relevance = self._replay(batch, data, extras, scores, names, index, metrics)
         elif est == "mrtpo":
             metrics["mrtpo/replay_skipped"] = 1.0  # beta_s = 0 (warm-up start) or replay disabled: plain GDPO
-        if relevance is not None:
-            data.batch["mrtpo_relevance"] = relevance
         mcfg = {
             "beta": beta_s if est == "mrtpo" else 0.0,
             "max_realloc_rms": cfg.get("max_realloc_rms", 1.0),
@@ -165,9 +163,8 @@ class MRTPOTrainer(PPOTrainerSync):
             "reward_weights": cfg.get("reward_weights", None),
             "reward_names": names,
         }
-        ntb = {SCORES_KEY: np.array(per_sample_scores, dtype=object)}
-        # errored samples: their filled zeros go in as explicit scores
-        ntb[SCORES_KEY] = np.array([json.dumps({n: float(v) for n, v in zip(names, row.tolist()) if v == v}) for row in scores], dtype=object)
+        # the scores as filled above (errored samples: explicit zeros), NaN (absent) left out
+        ntb = {SCORES_KEY: np.array([json.dumps({n: v for n, v in zip(names, row.tolist()) if v == v}) for row in scores], dtype=object)}
         adv, ret = compute_mrtpo_outcome_advantage(
             token_level_rewards=data.batch["token_level_rewards"],
             response_mask=mask,
