@@ -34,6 +34,7 @@ def assert_ok(res, steps):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(2 * TIMEOUT_S + 120)  # two runs, each bounded by TIMEOUT_S
 def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tmp_path):
     dump_dir = tmp_path / "dumps"
     common = [FP32, "trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={dump_dir}"]
