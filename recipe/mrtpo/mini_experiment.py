@@ -1,8 +1,8 @@
 """The miniature credit-assignment experiment: GRPO, GDPO, MRTPO and MRTPO+shuffle on a task whose rewards
 each read a known set of response tokens, through verl's real loop on CPU.
 
-    python -m recipe.mrtpo.mini_experiment [--out outputs/mini_credit] [--seeds 0 1] [--steps 8]
-        [--methods grpo gdpo mrtpo shuffle] [--threshold 0.8] [--prepare-only | --analyse-only]
+    python -m recipe.mrtpo.mini_experiment [--out outputs/mini_credit] [--seeds 0 1 2] [--steps 20]
+        [--methods grpo gdpo mrtpo shuffle] [--threshold 0.75] [--prepare-only | --analyse-only]
 
 (``bash run_scripts/mini_credit_experiment.sh`` runs the setup first, then this.) Per seed it
 
@@ -53,6 +53,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from data_prep.common import read_parquet_rows, sha256_file
+from recipe.mrtpo.tasks import to_plain
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: method -> (verl estimator, extra overrides)
@@ -101,7 +104,7 @@ def encode_sft_examples(tokenizer, rows: Sequence[dict], target: str = "demo") -
             if not isinstance(text, str) or not text:
                 raise ExperimentError(f"SFT row without extra_info['demo']: {r!r:.200}")
         else:
-            fields, order = parse_ground_truth(_plain(r["reward_model"]["ground_truth"]))
+            fields, order = parse_ground_truth(to_plain(r["reward_model"]["ground_truth"]))
             text = answer_text(dict(fields), order)
         out.append((_chat_ids(tokenizer, list(r["prompt"])), list(tokenizer.encode(text)) + [eos]))
     return out
@@ -221,7 +224,7 @@ def evaluate_slots(model, tokenizer, rows: Sequence[dict], samples: int = 4, max
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_TOKEN_IDS)
             for o in out:
                 text = tokenizer.decode(o[prompt.shape[1]:], skip_special_tokens=True)
-                res = score_synthetic_slots(text, _plain(r["reward_model"]["ground_truth"]))
+                res = score_synthetic_slots(text, to_plain(r["reward_model"]["ground_truth"]))
                 for k, v in res.scores.items():
                     scores.setdefault(k, []).append(v)
                 if len(examples) < 6:
@@ -231,27 +234,8 @@ def evaluate_slots(model, tokenizer, rows: Sequence[dict], samples: int = 4, max
             "n": len(next(iter(scores.values()), [])), "examples": examples}
 
 
-def _plain(obj):
-    """numpy containers from parquet -> plain Python."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
 def _read_rows(path: Path) -> list[dict]:
-    import pandas as pd
-
-    return [_plain(r) for r in pd.read_parquet(path).to_dict(orient="records")]
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return [to_plain(r) for r in read_parquet_rows(path)]
 
 
 @dataclass(frozen=True)
@@ -289,9 +273,9 @@ def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_
 
     out_dir = Path(out_dir)
     key_file = Path(base_model) / ".mrtpo-tiny-key"
-    base_key = key_file.read_text().strip() if key_file.is_file() else _sha256(Path(base_model) / "model.safetensors")
+    base_key = key_file.read_text().strip() if key_file.is_file() else sha256_file(Path(base_model) / "model.safetensors")
     key = hashlib.sha256(json.dumps({
-        "format": _SFT_FORMAT, "base": base_key, "sft": _sha256(sft_parquet), "test": _sha256(test_parquet),
+        "format": _SFT_FORMAT, "base": base_key, "sft": sha256_file(sft_parquet), "test": sha256_file(test_parquet),
         "cfg": asdict(cfg), "seed": seed, "eval_samples": eval_samples,
     }, sort_keys=True).encode()).hexdigest()[:16]
     meta_path = out_dir / "sft_meta.json"
@@ -493,7 +477,7 @@ def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, 
 
     run_dir = Path(runs_dir) / f"{method}_seed{seed}"
     overrides = method_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
-    key = hashlib.sha256(json.dumps([overrides, _sha256(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([overrides, sha256_file(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
     result_path = run_dir / "result.json"
     if result_path.is_file():
         try:
@@ -734,12 +718,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.mrtpo.mini_experiment", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "mini_credit")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--steps", type=int, default=8, help="RL steps per run (default 8)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=20, help="RL steps per run (default 20)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--threshold", type=float, default=0.8, help="reward level for steps-to-threshold (default 0.8)")
-    ap.add_argument("--final-window", type=int, default=2, help="last steps averaged for the final reward (default 2)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="RL learning rate (default 1e-3, as the tiny runs)")
+    ap.add_argument("--threshold", type=float, default=0.75, help="reward level for steps-to-threshold (default 0.75)")
+    ap.add_argument("--final-window", type=int, default=4, help="last steps averaged for the final reward (default 4)")
+    ap.add_argument("--lr", type=float, default=3e-4,
+                    help="RL learning rate (default 3e-4; 1e-3 collapsed the fields within 12 steps in a pilot)")
     ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--warmup", type=int, default=1, help="mrtpo.warmup_steps (default 1: step 1 is GDPO)")
     ap.add_argument("--slots", type=int, default=3)

@@ -31,7 +31,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from recipe.mrtpo.estimator import CONTEXTS_KEY, SCORES_KEY
-from recipe.mrtpo.tasks import RewardResult, get_task
+from recipe.mrtpo.tasks import RewardResult, get_task, to_plain
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -40,24 +40,11 @@ TASK_KEY = "mrtpo_task"
 ERROR_KEY = "mrtpo_error"
 
 
-def _plain(obj):
-    """numpy arrays / scalars from parquet -> plain Python, recursively (verifiers get plain data)."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
 def score_sample(data_source: str, response: str, ground_truth, extra_info) -> dict:
     """Run the registered verifier of ``data_source``; never raises. Returns the reward-loop dict."""
     try:
         fn = get_task(str(data_source))
-        result = fn(response, _plain(ground_truth), _plain(extra_info) if extra_info is not None else None)
+        result = fn(response, to_plain(ground_truth), to_plain(extra_info) if extra_info is not None else None)
         if not isinstance(result, RewardResult):
             raise TypeError(f"verifier for {data_source!r} returned {type(result).__name__}, not RewardResult")
         error = ""

@@ -79,6 +79,20 @@ class RewardResult:
             self.scores[k] = v
 
 
+def to_plain(obj: Any) -> Any:
+    """Numpy arrays / scalars (parquet rows as pandas hands them) -> plain Python, recursively: verifiers
+    get lists, dicts and Python scalars."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
 def as_text(response: Any) -> str:
     """A verifier's view of a response: str as is, bytes decoded (invalid UTF-8 replaced), None -> ""."""
     if isinstance(response, str):
