@@ -62,7 +62,11 @@ def test_replay_matches_plain_forward_and_js(tiny):
     with torch.no_grad():
         out = replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, temperature=0.9, micro_batch_size=2)
         out1 = replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, temperature=0.9, micro_batch_size=1)
+        outc = replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, temperature=0.9, micro_batch_size=2,
+                                compiled_js=True)  # mrtpo.compile_js
     assert torch.allclose(out["relevance"], out1["relevance"], atol=1e-5)
+    assert torch.allclose(out["relevance"], outc["relevance"], atol=1e-5)
+    assert torch.equal(out["replay_logprobs"], outc["replay_logprobs"])
     rel = out["relevance"]
     assert rel.shape == (2, 3, T) and (rel >= 0).all() and (rel <= 1).all()
     assert (rel[1, :, 6:] == 0).all()  # masked positions

@@ -84,6 +84,33 @@ def _jsd_rows(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
     return s.sum(dim=-1).mul_(0.5).clamp_(min=0.0, max=LN2)
 
 
+def _jsd_rows_functional(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
+    """:func:`_jsd_rows` without in-place ops (same formula), the form ``torch.compile`` fuses into one
+    pass over [N, V] with no [N, V] temporaries."""
+    a = (lq - lp).abs()
+    p, q = lp.exp(), lq.exp()
+    t = LN2 - F.softplus(-a)
+    return (0.5 * ((p + q) * t - torch.minimum(p, q) * a).sum(dim=-1)).clamp(0.0, LN2)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def jsd_kernel(compiled: bool = False):
+    """The per-row JSD kernel: eager :func:`_jsd_rows`, or (``compiled=True``) ``torch.compile`` of
+    :func:`_jsd_rows_functional` with dynamic row counts, built once per process on first use.
+
+    Compiling costs seconds to a minute on the first call (a C++/Triton toolchain is needed: Inductor's
+    requirement) and is then faster: see ``python -m recipe.mrtpo.bench_relevance --compiled``.
+    """
+    if not compiled:
+        return _jsd_rows
+    fn = _COMPILED.get("jsd")
+    if fn is None:
+        fn = _COMPILED["jsd"] = torch.compile(_jsd_rows_functional, dynamic=True)
+    return fn
+
+
 def _rows(flat: torch.Tensor, rows: torch.Tensor, contiguous: bool) -> torch.Tensor:
     """The given rows of [N, V]: a view when they are one contiguous range (no copy), else a gather."""
     if contiguous:
@@ -115,6 +142,7 @@ def js_distance_from_logits(
     temperature: float = 1.0,
     measure: str = "js_distance",
     chunk_size: Optional[int] = None,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """Jensen-Shannon between the next-token distributions of two replays, per position.
 
@@ -126,6 +154,7 @@ def js_distance_from_logits(
         measure: ``"js_distance"`` = sqrt(JSD / ln 2) in [0, 1], or ``"js_divergence"`` = JSD in nats.
         chunk_size: at most this many valid positions are expanded to fp32 [chunk, V] at a time
             (default: about 64 MiB per expanded tensor).
+        compiled: use the ``torch.compile``d kernel (:func:`jsd_kernel`); same values up to fp32 rounding.
 
     Returns:
         [B, T] fp32, 0 where ``mask`` is 0.
@@ -137,13 +166,14 @@ def js_distance_from_logits(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T, V = logits_p.shape
+    jsd = jsd_kernel(compiled)
     out = torch.zeros(B * T, dtype=torch.float32, device=logits_p.device)
     flat_p = logits_p.reshape(B * T, V)
     flat_q = logits_q.reshape(B * T, V)
     for rows, contiguous in _chunks(mask, logits_p.shape[:2], chunk_size, V):
         lp = _log_softmax_fp32(_rows(flat_p, rows, contiguous), temperature)
         lq = _log_softmax_fp32(_rows(flat_q, rows, contiguous), temperature)
-        out[rows] = _jsd_rows(lp, lq)
+        out[rows] = jsd(lp, lq)
         del lp, lq
     if measure == "js_distance":
         out = out.div_(LN2).clamp_(0.0, 1.0).sqrt_()
@@ -158,6 +188,7 @@ def relevance_against_reference(
     temperature: float = 1.0,
     measure: str = "js_distance",
     chunk_size: Optional[int] = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Relevance of J prompt variants against one reference (P_all) over the same response, in one pass.
 
@@ -169,6 +200,7 @@ def relevance_against_reference(
         logits_ref: [T, V] logits under P_all; logits_variants: [J, T, V] under each P_minus.
         ids: [T] sampled response ids; mask: [T] valid positions.
         measure: ``js_distance`` | ``js_divergence`` | ``logprob_contrast``.
+        compiled: use the ``torch.compile``d JSD kernel (:func:`jsd_kernel`).
 
     Returns:
         (q [J, T] fp32, log p(y_t | P_all) [T] fp32), 0 where masked.
@@ -179,6 +211,7 @@ def relevance_against_reference(
     J = logits_variants.shape[0]
     if logits_variants.shape[1:] != (T, V) or ids.shape != (T,) or mask.shape != (T,):
         raise ValueError("shapes must be ref [T, V], variants [J, T, V], ids [T], mask [T]")
+    jsd = jsd_kernel(compiled)
     q = torch.zeros(J, T, dtype=torch.float32, device=logits_ref.device)
     logp = torch.zeros(T, dtype=torch.float32, device=logits_ref.device)
     for rows, contiguous in _chunks(mask.unsqueeze(0), (1, T), chunk_size, V):
@@ -190,7 +223,7 @@ def relevance_against_reference(
             if measure == "logprob_contrast":
                 q[j, rows] = (logp[rows] - lq.gather(-1, picked).squeeze(-1)).abs_()
             else:
-                q[j, rows] = _jsd_rows(lp, lq)
+                q[j, rows] = jsd(lp, lq)
             del lq
         del lp
     if measure == "js_distance":

@@ -79,6 +79,7 @@ def replay_relevance(
     pad_id: int = 0,
     device: torch.device | str = "cpu",
     sync_forward_count: Optional[Callable[[int], int]] = None,
+    compiled_js: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Replay every row's variants with its sampled response and measure each reward's relevance.
 
@@ -87,7 +88,8 @@ def replay_relevance(
     row's P_minus_k variants are compared with it (its log-softmax computed once per chunk of
     positions and shared by the variants of a micro-batch). ``sync_forward_count(n_local) -> n_global`` lets a
     data-parallel caller pad every rank to the same number of forwards (FSDP all-gathers per forward);
-    the padding forwards run one pad token and are discarded.
+    the padding forwards run one pad token and are discarded. ``compiled_js`` selects the
+    ``torch.compile``d JSD kernel (``mrtpo.compile_js``).
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be >= 1")
@@ -119,7 +121,9 @@ def replay_relevance(
                 ref, variants, first = logits[0], logits[1:], 1
             else:
                 variants, first = logits, start
-            q, lp_ref = relevance_against_reference(ref, variants, ids_r, mask_1d, temperature, measure, chunk_size)
+            q, lp_ref = relevance_against_reference(
+                ref, variants, ids_r, mask_1d, temperature, measure, chunk_size, compiled=compiled_js
+            )
             if start == 0:
                 logprobs[r] = lp_ref.cpu()
             for j_local in range(q.shape[0]):

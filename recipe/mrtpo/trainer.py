@@ -301,6 +301,7 @@ class MRTPOTrainer(PPOTrainerSync):
                 micro_batch_size=int(cfg.get("replay_micro_batch_size", 8)),
                 chunk_size=int(cfg.get("chunk_size") or 0),
                 pad_token_id=int(self.tokenizer.pad_token_id or 0),
+                compile_js=bool(cfg.get("compile_js", False)),
             )
             out = self.actor_rollout_wg.compute_replay_relevance(td)
             out = out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out

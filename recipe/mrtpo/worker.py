@@ -52,7 +52,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """Relevance q[R, K, T] and P_all log-probs [R, T] for this rank's rows (see ``replay.py``).
 
         Non-tensor settings in ``data``: ``temperature``, ``measure``, ``micro_batch_size``,
-        ``chunk_size``, ``pad_token_id``.
+        ``chunk_size``, ``pad_token_id``, ``compile_js``.
         """
         engine = self.actor.engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
@@ -63,6 +63,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         micro = int(tu.get(data, key="micro_batch_size", default=8))
         chunk = tu.get(data, key="chunk_size", default=None)
         pad_id = int(tu.get(data, key="pad_token_id", default=0))
+        compile_js = bool(tu.get(data, key="compile_js", default=False))
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
             out = replay_relevance(
@@ -79,6 +80,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
                 pad_id=pad_id,
                 device=_module_device(module),
                 sync_forward_count=_sync_max,
+                compiled_js=compile_js,
             )
         R = data["pair_variant"].shape[0]
         return TensorDict(
