@@ -221,10 +221,12 @@ def test_localisation_records_on_a_hand_made_dump():
     a, b, gone = by[(0, "slot_A")], by[(0, "slot_B")], by[(1, "slot_A")]
     assert a["precision"] == pytest.approx(0.6) and a["chance"] == pytest.approx(1 / 12) and a["top1"]
     assert b["precision"] == pytest.approx(0.2) and not b["top1"]
+    assert a["cross"] == 0 and b["cross"] == pytest.approx(0.8)  # B's mass on C's value token leaked
     assert gone["absent"] and "precision" not in gone
     s = mx.summarise_localisation(recs)
     assert s["pairs"] == 2 and s["absent"] == 1
     assert s["precision"] == pytest.approx(0.4) and s["top1"] == pytest.approx(0.5)
+    assert s["cross"] == pytest.approx(0.4)
     assert s["per_reward"]["slot_A"]["precision"] == pytest.approx(0.6)
     assert s["per_reward"]["slot_A"]["absent"] == 1
 
@@ -364,6 +366,6 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     assert t["mrtpo"]["reach"]["slot_A"]["per_seed"] == [2]
     assert t["mrtpo"]["localisation"]["precision"][0] == pytest.approx(0.75)
     md = (tmp_path / "results.md").read_text()
-    assert "| gdpo | 2 | 0.82 ± 0.11 |" in md and "not reached (0/2)" in md and "| 75.0 | 8.3 | 100.0 |" in md
+    assert "| gdpo | 2 | 0.82 ± 0.11 |" in md and "not reached (0/2)" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
     assert (tmp_path / "localisation.png").read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "report").glob("curves__*.png")) and list((tmp_path / "report").glob("threshold__*.png"))

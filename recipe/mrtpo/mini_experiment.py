@@ -378,10 +378,11 @@ def read_positions(token_ids: Sequence[int], token_strings: Sequence[str], valid
 
 def localisation_records(dump: dict) -> list[dict]:
     """One record per replayed (response, slot reward) pair of a relevance dump (``mrtpo.dump``):
-    ``{"step", "reward", "sample", "precision", "chance", "top1", "n_read", "n_valid", "absent"}``.
+    ``{"step", "reward", "sample", "precision", "cross", "chance", "top1", "n_read", "n_valid", "absent"}``.
 
-    precision = sum of q over the read positions / sum of q over the valid positions; chance = read
-    positions / valid positions (a uniform q's precision); top1 = the largest q is on a read position.
+    precision = sum of q over the read positions / sum of q over the valid positions; cross = the same
+    share on the positions the *other* slot rewards read (leakage onto another field's value); chance =
+    read positions / valid positions (a uniform q's precision); top1 = the largest q is on a read position.
     Pairs whose response lacks the field are recorded with ``absent=True`` and no precision; pairs with
     zero total q are left out. Rewards not named ``slot_<X>`` are ignored. A dump without relevance
     (a warm-up step, or a non-replay method) gives ``[]``."""
@@ -406,11 +407,16 @@ def localisation_records(dump: dict) -> list[dict]:
             total = float(q.sum())
             if not total > 0:
                 continue
-            pos = read_positions(ids[i].tolist(), tokens[i], valid, name[len("slot_"):], special)
+            row_ids = ids[i].tolist()
+            pos = read_positions(row_ids, tokens[i], valid, name[len("slot_"):], special)
             rec = {"step": int(dump.get("step", -1)), "reward": name, "sample": i, "n_valid": valid,
                    "n_read": len(pos), "absent": not pos}
             if pos:
                 rec["precision"] = float(q[pos].sum()) / total
+                others = sorted({t for other in names if other.startswith("slot_") and other != name
+                                 for t in read_positions(row_ids, tokens[i], valid, other[len("slot_"):], special)}
+                                - set(pos))
+                rec["cross"] = float(q[others].sum()) / total if others else 0.0
                 rec["chance"] = len(pos) / valid
                 rec["top1"] = bool(int(torch.argmax(q)) in pos)
             out.append(rec)
@@ -418,15 +424,15 @@ def localisation_records(dump: dict) -> list[dict]:
 
 
 def summarise_localisation(records: Sequence[dict]) -> dict:
-    """Means over the pairs whose field is present: precision, chance, top1 (overall and per reward),
+    """Means over the pairs whose field is present: precision, cross, chance, top1 (overall and per reward),
     with pair counts and the number of pairs whose response lacked the field."""
 
     def agg(recs):
         present = [r for r in recs if not r["absent"]]
         n = len(present)
         mean = (lambda key: sum(float(r[key]) for r in present) / n) if n else (lambda key: None)
-        return {"pairs": n, "absent": len(recs) - n, "precision": mean("precision"), "chance": mean("chance"),
-                "top1": mean("top1")}
+        return {"pairs": n, "absent": len(recs) - n, "precision": mean("precision"), "cross": mean("cross"),
+                "chance": mean("chance"), "top1": mean("top1")}
 
     out = agg(records)
     out["per_reward"] = {name: agg([r for r in records if r["reward"] == name])
@@ -584,7 +590,7 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
         row["final_mean"] = _mean_std([sum(r["rewards"][rw]["final"] for rw in rewards) / len(rewards)
                                        for r in runs if all(rw in r["rewards"] for rw in rewards)])
         locs = [r["localisation"] for r in runs if r.get("localisation") and r["localisation"]["pairs"]]
-        row["localisation"] = {key: _mean_std([loc[key] for loc in locs]) for key in ("precision", "chance", "top1")} if locs else None
+        row["localisation"] = {key: _mean_std([loc[key] for loc in locs]) for key in ("precision", "cross", "chance", "top1")} if locs else None
         if locs:
             row["localisation"]["pairs"] = sum(loc["pairs"] for loc in locs)
             row["localisation"]["absent"] = sum(loc["absent"] for loc in locs)
@@ -634,7 +640,7 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
         lines += ["Warm start (SFT: correct answers, then demonstrations right per field with probability "
                   "p_correct; see `SFTConfig`):", "", *sft, ""]
     head = ["method", "seeds"] + [f"final {r}" for r in rewards] + ["final mean"] + \
-        [f"step ≥{threshold:g} {r}" for r in rewards] + ["q on read tokens", "chance", "top-1 on read"]
+        [f"step ≥{threshold:g} {r}" for r in rewards] + ["q on read tokens", "q on other fields' values", "chance", "top-1 on read"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("| --- |" + " ---: |" * (len(head) - 1))
     for method, row in table.items():
@@ -651,9 +657,9 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
                 cells.append(f"{rc['mean']:.1f}" + (f" ({rc['k']}/{rc['n']})" if rc["k"] < rc["n"] else ""))
         loc = row["localisation"]
         if loc:
-            cells += [_fmt(*loc["precision"], pct=True), _fmt(*loc["chance"], pct=True), _fmt(*loc["top1"], pct=True)]
+            cells += [_fmt(*loc[key], pct=True) for key in ("precision", "cross", "chance", "top1")]
         else:
-            cells += ["–", "–", "–"]
+            cells += ["–"] * 4
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -661,7 +667,8 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
         "mean ± sample std over seeds. step ≥ t: first step whose batch mean reaches t, mean over the seeds "
         "that reached it (k/n when not all did). q on read tokens: share of reward k's relevance mass q on "
         "the value token of field k (the token its verifier compares), mean over replayed pairs whose "
-        "response has the field, in %; chance: that token's share of the response (a uniform q); top-1: "
+        "response has the field, in %; q on other fields' values: the same share on the value tokens the other "
+        "rewards read (what removing Z_k moved that it should not); chance: that token's share of the response (a uniform q); top-1: "
         "pairs whose largest q is on it. Shuffle's dumps hold the unshuffled q (its advantage used a "
         "permutation of it, so its effective localisation is chance).",
     ]
