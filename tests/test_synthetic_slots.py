@@ -357,7 +357,10 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     _fake_run(tmp_path / "runs", "gdpo", 0, {"slot_A": [0.5, 0.6, 0.7, 0.8], "slot_B": [0.4, 0.5, 0.5, 0.6]})
     _fake_run(tmp_path / "runs", "gdpo", 1, {"slot_A": [0.5, 0.7, 0.9, 0.9], "slot_B": [0.5, 0.5, 0.6, 0.6]})
     _fake_run(tmp_path / "runs", "mrtpo", 0, {"slot_A": [0.5, 0.9, 0.9, 1.0], "slot_B": [0.5, 0.5, 0.5, 0.5]}, dump)
-    res = mx.analyse(tmp_path, ["gdpo", "mrtpo"], [0, 1], threshold=0.8, final_window=2, log=lambda m: None)
+    (tmp_path / "runs" / "mrtpo_seed0" / "relevance_dumps" / "step_000003.pt").write_bytes(b"PK\x03\x04 cut short")
+    logged = []
+    res = mx.analyse(tmp_path, ["gdpo", "mrtpo"], [0, 1], threshold=0.8, final_window=2, log=logged.append)
+    assert res["runs"]["mrtpo_seed0"]["dumps_unreadable"] == 1 and any("step_000003.pt" in m for m in logged)
     t = res["table"]
     assert t["gdpo"]["seeds"] == 2 and t["mrtpo"]["seeds"] == 1
     assert t["gdpo"]["final"]["slot_A"][0] == pytest.approx((0.75 + 0.9) / 2)

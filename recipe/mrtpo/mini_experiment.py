@@ -440,10 +440,19 @@ def summarise_localisation(records: Sequence[dict]) -> dict:
     return out
 
 
-def load_dumps(folder: Path) -> list[dict]:
-    import torch
+def load_dumps(folder: Path, log: Callable[[str], None] = print) -> tuple[list[dict], int]:
+    """The relevance dumps of a run (``step_XXXXXX.pt``, read as the heatmap viewer reads them) and the
+    number of files left out because they could not be read (e.g. cut short by a killed run; logged)."""
+    from recipe.mrtpo.viz import DumpError, load_dump
 
-    return [torch.load(p, weights_only=False) for p in sorted(Path(folder).glob("step_*.pt"))]
+    dumps, skipped = [], 0
+    for p in sorted(Path(folder).glob("step_*.pt")):
+        try:
+            dumps.append(load_dump(p)[0])
+        except DumpError as e:
+            skipped += 1
+            log(f"[mini] left out an unreadable relevance dump: {e}")
+    return dumps, skipped
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -567,7 +576,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
             if log_path.is_file():
                 entry["rewards"] = run_metrics(log_path, threshold, final_window)
             if method in REPLAY_METHODS and (run_dir / "relevance_dumps").is_dir():
-                recs = [r for d in load_dumps(run_dir / "relevance_dumps") for r in localisation_records(d)]
+                dumps, entry["dumps_unreadable"] = load_dumps(run_dir / "relevance_dumps", log)
+                recs = [r for d in dumps for r in localisation_records(d)]
                 entry["localisation"] = summarise_localisation(recs)
                 entry["localisation_by_step"] = {
                     str(s): summarise_localisation([r for r in recs if r["step"] == s])
