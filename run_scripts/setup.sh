@@ -46,14 +46,18 @@ fi
 #    BFCL data, the Chinook fixture. Downloaded without dependencies, only the needed files unpacked.
 mkdir -p "$ASSETS"
 "$PY" "$ROOT/run_scripts/fetch_assets.py" --dest "$ASSETS" || die "fetching offline assets failed"
-# 3. Headless Chromium (Debian's package) for the heatmap viewer's browser test (tests/test_viz.py).
-if ! command -v chromium >/dev/null 2>&1; then
+# 3. Debian packages the tests use: headless Chromium for the heatmap viewer's browser test
+#    (tests/test_viz.py) and a C++ compiler for torch.compile's Inductor (mrtpo.compile_js, tests/test_relevance.py).
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing chromium (apt-get) for tests/test_viz.py"
+    log "installing ${need[*]} (apt-get) for the tests"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || die "apt-get install chromium failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
   else
-    log "WARNING: chromium missing and not root: tests/test_viz.py will fail; run: apt-get update && apt-get install -y chromium"
+    log "WARNING: ${need[*]} missing and not root: the browser / torch.compile tests will fail or skip; run: apt-get update && apt-get install -y ${need[*]}"
   fi
 fi
 log "done: venv $VENV, assets $ASSETS"

@@ -68,10 +68,18 @@ def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tm
     assert s2["mrtpo/consistency/rows"] > 0
     assert s2["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4
 
-    # resume from the step-2 checkpoint: step 3 continues the schedule (s = 2), not a fresh warm-up
-    res3 = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", 3, *common), tmp_path / "run2", TIMEOUT_S)
+    # resume from the step-2 checkpoint: step 3 continues the schedule (s = 2), not a fresh warm-up;
+    # it replays with the torch.compile'd JS kernel (mrtpo.compile_js), compiled inside the actor worker
+    res3 = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", 3, *common,
+                                                         "mrtpo.compile_js=True"), tmp_path / "run2", TIMEOUT_S)
     assert_ok(res3, [3])
-    assert res3.steps[3]["mrtpo/beta"] == pytest.approx(smoothstep_beta(2, BETA, WARMUP), abs=1e-6)
+    s3 = res3.steps[3]
+    assert s3["mrtpo/beta"] == pytest.approx(smoothstep_beta(2, BETA, WARMUP), abs=1e-6)
+    d3 = torch.load(dump_dir / "step_000003.pt", weights_only=False)
+    rel3, var3 = d3["relevance"], d3["replayed"]
+    assert s3["mrtpo/pairs_replayed"] == int(var3.sum()) > 0
+    assert ((rel3 >= 0) & (rel3 <= 1)).all() and (rel3.sum(-1)[var3] > 0).all() and (rel3[~var3] == 0).all()
+    assert s3["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4 and s3["mrtpo/weight_max"] > 1.0
     print(f"\n[e2e mrtpo] wall {res.wall_s:.0f}s + resume {res3.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB, "
           f"replay {s2['mrtpo/replay_time_s']:.2f}s vs step {s2.get('timing_s/step', float('nan')):.2f}s")
 
