@@ -354,8 +354,8 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     rel = torch.zeros(1, 3, len(FORM))
     rel[0, 0, 10], rel[0, 0, 0] = 0.75, 0.25
     dump = _dump([FORM], rel, torch.tensor([[True, False, False]]))
-    _fake_run(tmp_path / "runs", "gdpo", 0, {"slot_A": [0.5, 0.6, 0.7, 0.8], "slot_B": [0.4, 0.5, 0.5, 0.6]})
-    _fake_run(tmp_path / "runs", "gdpo", 1, {"slot_A": [0.5, 0.7, 0.9, 0.9], "slot_B": [0.5, 0.5, 0.6, 0.6]})
+    _fake_run(tmp_path / "runs", "gdpo", 0, {"slot_A": [0.5, 0.6, 0.9, 0.9], "slot_B": [0.4, 0.5, 0.5, 0.6]})
+    _fake_run(tmp_path / "runs", "gdpo", 1, {"slot_A": [0.5, 0.9, 0.9, 0.7], "slot_B": [0.5, 0.5, 0.6, 0.6]})
     _fake_run(tmp_path / "runs", "mrtpo", 0, {"slot_A": [0.5, 0.9, 0.9, 1.0], "slot_B": [0.5, 0.5, 0.5, 0.5]}, dump)
     (tmp_path / "runs" / "mrtpo_seed0" / "relevance_dumps" / "step_000003.pt").write_bytes(b"PK\x03\x04 cut short")
     logged = []
@@ -363,12 +363,15 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     assert res["runs"]["mrtpo_seed0"]["dumps_unreadable"] == 1 and any("step_000003.pt" in m for m in logged)
     t = res["table"]
     assert t["gdpo"]["seeds"] == 2 and t["mrtpo"]["seeds"] == 1
-    assert t["gdpo"]["final"]["slot_A"][0] == pytest.approx((0.75 + 0.9) / 2)
+    assert t["gdpo"]["final"]["slot_A"][0] == pytest.approx((0.9 + 0.8) / 2)
+    # reached: the mean of the last 2 steps >= 0.8 (seed 0: 0.55, 0.75, 0.9; seed 1: 0.7, 0.9, 0.8)
     assert t["gdpo"]["reach"]["slot_A"]["per_seed"] == [4, 3] and t["gdpo"]["reach"]["slot_A"]["mean"] == 3.5
     assert t["gdpo"]["reach"]["slot_B"]["mean"] is None and t["gdpo"]["localisation"] is None
-    assert t["mrtpo"]["reach"]["slot_A"]["per_seed"] == [2]
+    assert t["mrtpo"]["reach"]["slot_A"]["per_seed"] == [3]  # 0.9 at step 2 alone is not "reached"
+    # gain: final mean - start mean over the slots, per seed (0.725 - 0.5, 0.7 - 0.6)
+    assert t["gdpo"]["gain_mean"][0] == pytest.approx((0.225 + 0.1) / 2)
     assert t["mrtpo"]["localisation"]["precision"][0] == pytest.approx(0.75)
     md = (tmp_path / "results.md").read_text()
-    assert "| gdpo | 2 | 0.82 ± 0.11 |" in md and "not reached (0/2)" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
+    assert "| gdpo | 2 | 0.85 ± 0.07 |" in md and "not reached (0/2)" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
     assert (tmp_path / "localisation.png").read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "report").glob("curves__*.png")) and list((tmp_path / "report").glob("threshold__*.png"))

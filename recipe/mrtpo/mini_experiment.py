@@ -544,18 +544,24 @@ def _fmt(mean, std, n, pct=False):
     return f(mean) if std is None else f"{f(mean)} ± {f(std)}"
 
 
-def run_metrics(log_path: Path, threshold: float, final_window: int) -> dict:
-    """Per reward of one run: the batch-mean series, its first step >= threshold, and its final value
-    (mean of the last ``final_window`` logged steps)."""
+def run_metrics(log_path: Path, threshold: float, window: int) -> dict:
+    """Per reward of one run: the batch-mean series; its value at the start and at the end (means of the
+    first and of the last ``window`` logged steps); and the first step at which the mean of the last
+    ``window`` steps reaches ``threshold`` (a batch of 16 binary scores alone is too noisy to call reached)."""
     from recipe.mrtpo.report import first_reach, parse_console_log, reward_series
 
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
     steps, _ = parse_console_log(Path(log_path).read_text(errors="replace"))
     series = reward_series(steps)
     out = {}
     for name, s in sorted(series.items()):
-        last = [s[k] for k in sorted(s)[-final_window:]]
-        out[name] = {"series": {str(k): v for k, v in sorted(s.items())}, "first_reach": first_reach(s, threshold),
-                     "final": sum(last) / len(last) if last else None, "first": s.get(min(s)) if s else None}
+        keys = sorted(s)
+        smooth = {k: sum(s[j] for j in keys[i + 1 - window : i + 1]) / window
+                  for i, k in enumerate(keys) if i + 1 >= window}
+        first, last = [s[k] for k in keys[:window]], [s[k] for k in keys[-window:]]
+        out[name] = {"series": {str(k): v for k, v in sorted(s.items())}, "first_reach": first_reach(smooth, threshold),
+                     "final": sum(last) / len(last) if last else None, "start": sum(first) / len(first) if first else None}
     return out
 
 
@@ -589,16 +595,21 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
     table = {}
     for method in methods:
         runs = [per_run[(method, s)] for s in seeds if (method, s) in per_run and per_run[(method, s)]["ok"]]
-        row = {"seeds": len(runs), "final": {}, "reach": {}, "first": {}}
+        row = {"seeds": len(runs), "final": {}, "reach": {}, "start": {}}
         for rw in rewards:
             vals = [r["rewards"][rw] for r in runs if rw in r["rewards"]]
             row["final"][rw] = _mean_std([v["final"] for v in vals])
-            row["first"][rw] = _mean_std([v["first"] for v in vals])
+            row["start"][rw] = _mean_std([v["start"] for v in vals])
             reached = [v["first_reach"] for v in vals if v["first_reach"] is not None]
             row["reach"][rw] = {"mean": sum(reached) / len(reached) if reached else None, "k": len(reached),
                                 "n": len(vals), "per_seed": [v["first_reach"] for v in vals]}
-        row["final_mean"] = _mean_std([sum(r["rewards"][rw]["final"] for rw in rewards) / len(rewards)
-                                       for r in runs if all(rw in r["rewards"] for rw in rewards)])
+        complete = [r for r in runs if all(rw in r["rewards"] for rw in rewards)]
+
+        def over_rewards(r, key):
+            return sum(r["rewards"][rw][key] for rw in rewards) / len(rewards)
+
+        row["final_mean"] = _mean_std([over_rewards(r, "final") for r in complete])
+        row["gain_mean"] = _mean_std([over_rewards(r, "final") - over_rewards(r, "start") for r in complete])
         locs = [r["localisation"] for r in runs if r.get("localisation") and r["localisation"]["pairs"]]
         row["localisation"] = {key: _mean_std([loc[key] for loc in locs]) for key in ("precision", "cross", "chance", "top1")} if locs else None
         if locs:
@@ -650,13 +661,14 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
         lines += ["Warm start (SFT: correct answers, then demonstrations right per field with probability "
                   "p_correct; see `SFTConfig`):", "", *sft, ""]
     head = ["method", "seeds"] + [f"final {r}" for r in rewards] + ["final mean"] + \
-        [f"step ≥{threshold:g} {r}" for r in rewards] + ["q on read tokens", "q on other fields' values", "chance", "top-1 on read"]
+        ["gain (final − start)"] + [f"step ≥{threshold:g} {r}" for r in rewards] + ["q on read tokens", "q on other fields' values", "chance", "top-1 on read"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("| --- |" + " ---: |" * (len(head) - 1))
     for method, row in table.items():
         cells = [method, str(row["seeds"])]
         cells += [_fmt(*row["final"][r]) for r in rewards]
         cells.append(_fmt(*row["final_mean"]))
+        cells.append(_fmt(*row["gain_mean"]))
         for r in rewards:
             rc = row["reach"][r]
             if not rc["n"]:
@@ -674,8 +686,9 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
     lines += [
         "",
         f"final: mean of a slot's training-batch reward over the last {final_window} steps (16 responses a step), "
-        "mean ± sample std over seeds. step ≥ t: first step whose batch mean reaches t, mean over the seeds "
-        "that reached it (k/n when not all did). q on read tokens: share of reward k's relevance mass q on "
+        "mean ± sample std over seeds; final mean: over the slots; gain: final mean minus the same mean over "
+        f"the first {final_window} steps. step ≥ t: first step at which the mean of the last {final_window} steps' "
+        "batch means reaches t, mean over the seeds that reached it (k/n when not all did). q on read tokens: share of reward k's relevance mass q on "
         "the value token of field k (the token its verifier compares), mean over replayed pairs whose "
         "response has the field, in %; q on other fields' values: the same share on the value tokens the other "
         "rewards read (what removing Z_k moved that it should not); chance: that token's share of the response (a uniform q); top-1: "
@@ -739,7 +752,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="RL steps per run (default 20)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--threshold", type=float, default=0.75, help="reward level for steps-to-threshold (default 0.75)")
-    ap.add_argument("--final-window", type=int, default=4, help="last steps averaged for the final reward (default 4)")
+    ap.add_argument("--final-window", type=int, default=4,
+                    help="steps averaged for the final and the start reward and for steps-to-threshold (default 4)")
     ap.add_argument("--lr", type=float, default=3e-4,
                     help="RL learning rate (default 3e-4; 1e-3 collapsed the fields within 12 steps in a pilot)")
     ap.add_argument("--beta", type=float, default=0.5)
