@@ -600,7 +600,7 @@ def plot_curves(curves: dict, title: str, threshold: float, path: Path) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(lab, h)
     handles = [by_label[m] for m in methods if m in by_label]
-    fig.legend(handles, [m for m in methods if m in by_label], loc="outside upper right",
+    fig.legend(handles, [m for m in methods if m in by_label], loc="outside lower center",
                ncols=len(handles) or 1, fontsize=9)
     fig.suptitle(f"{title}: per-reward training curves\n"
                  f"mean over seeds, band ±1 std over seeds; dashed: threshold {threshold:g}", fontsize=10)
