@@ -370,8 +370,9 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     assert t["mrtpo"]["reach"]["slot_A"]["per_seed"] == [3]  # 0.9 at step 2 alone is not "reached"
     # gain: final mean - start mean over the slots, per seed (0.725 - 0.5, 0.7 - 0.6)
     assert t["gdpo"]["gain_mean"][0] == pytest.approx((0.225 + 0.1) / 2)
+    assert t["gdpo"]["gain_per_seed"] == pytest.approx({"0": 0.225, "1": 0.1})
     assert t["mrtpo"]["localisation"]["precision"][0] == pytest.approx(0.75)
     md = (tmp_path / "results.md").read_text()
-    assert "| gdpo | 2 | 0.85 ± 0.07 |" in md and "not reached (0/2)" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
+    assert "| gdpo | 2 | 0.85 ± 0.07 |" in md and "not reached (0/2)" in md and "| gdpo | +0.225 | +0.100 |" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
     assert (tmp_path / "localisation.png").read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "report").glob("curves__*.png")) and list((tmp_path / "report").glob("threshold__*.png"))

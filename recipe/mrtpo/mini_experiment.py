@@ -594,7 +594,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
     rewards = sorted({r for e in per_run.values() for r in e["rewards"]})
     table = {}
     for method in methods:
-        runs = [per_run[(method, s)] for s in seeds if (method, s) in per_run and per_run[(method, s)]["ok"]]
+        ok_seeds = [s for s in seeds if (method, s) in per_run and per_run[(method, s)]["ok"]]
+        runs = [per_run[(method, s)] for s in ok_seeds]
         row = {"seeds": len(runs), "final": {}, "reach": {}, "start": {}}
         for rw in rewards:
             vals = [r["rewards"][rw] for r in runs if rw in r["rewards"]]
@@ -610,6 +611,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
 
         row["final_mean"] = _mean_std([over_rewards(r, "final") for r in complete])
         row["gain_mean"] = _mean_std([over_rewards(r, "final") - over_rewards(r, "start") for r in complete])
+        row["gain_per_seed"] = {str(s): over_rewards(r, "final") - over_rewards(r, "start")
+                                for s, r in zip(ok_seeds, runs) if r in complete}
         locs = [r["localisation"] for r in runs if r.get("localisation") and r["localisation"]["pairs"]]
         row["localisation"] = {key: _mean_std([loc[key] for loc in locs]) for key in ("precision", "cross", "chance", "top1")} if locs else None
         if locs:
@@ -683,6 +686,14 @@ def render_results(table: dict, rewards: list[str], threshold: float, final_wind
         else:
             cells += ["–"] * 4
         lines.append("| " + " | ".join(cells) + " |")
+    all_seeds = sorted({int(sd) for row in table.values() for sd in row.get("gain_per_seed", {})})
+    if all_seeds:
+        lines += ["", "Gain per seed (final mean − start mean; the methods of a seed share the warm start and the prompts):",
+                  "", "| method | " + " | ".join(f"seed {sd}" for sd in all_seeds) + " |",
+                  "| --- |" + " ---: |" * len(all_seeds)]
+        for method, row in table.items():
+            g = row.get("gain_per_seed", {})
+            lines.append(f"| {method} | " + " | ".join(f"{g[str(sd)]:+.3f}" if str(sd) in g else "–" for sd in all_seeds) + " |")
     lines += [
         "",
         f"final: mean of a slot's training-batch reward over the last {final_window} steps (16 responses a step), "
