@@ -376,3 +376,17 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     assert "| gdpo | 2 | 0.85 ± 0.07 |" in md and "not reached (0/2)" in md and "| gdpo | +0.225 | +0.100 |" in md and "| 75.0 | 0.0 | 8.3 | 100.0 |" in md
     assert (tmp_path / "localisation.png").read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "report").glob("curves__*.png")) and list((tmp_path / "report").glob("threshold__*.png"))
+
+
+def test_analyse_only_exits_nonzero_when_a_run_failed(tmp_path, capsys):
+    _fake_run(tmp_path / "runs", "gdpo", 0, {"slot_A": [0.5, 0.6], "slot_B": [0.4, 0.5]})
+    _fake_run(tmp_path / "runs", "grpo", 0, {"slot_A": [0.5, 0.6], "slot_B": [0.4, 0.5]})
+    res = tmp_path / "runs" / "grpo_seed0" / "result.json"
+    res.write_text(json.dumps({**json.loads(res.read_text()), "ok": False}))
+    argv = ["--out", str(tmp_path), "--seeds", "0", "--methods", "gdpo", "grpo", "--analyse-only", "--final-window", "1"]
+    assert mx.main(argv) == 1
+    assert "grpo_seed0" in capsys.readouterr().err
+    md = (tmp_path / "results.md").read_text()
+    assert "| gdpo | 1 |" in md and "| grpo | 0 |" in md  # written, the failed run left out
+    res.write_text(json.dumps({**json.loads(res.read_text()), "ok": True}))
+    assert mx.main(argv) == 0

@@ -816,10 +816,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print()
         print((out / "results.md").read_text())
         failed = [k for k, e in results["runs"].items() if not e["ok"]]
-        if failed:
-            log(f"[mini] failed runs (left out of the table): {failed}")
         log(f"[mini] done in {time.monotonic() - t0:.0f} s: {out / 'results.md'}, {out / 'results.json'}, "
             f"{out / 'localisation.png'}, {out / 'report'}")
+        if failed:  # the table is written without them; the exit status says the experiment is incomplete
+            print(f"[mini] ERROR: failed runs, left out of the table (re-run to retry them): {failed}", file=sys.stderr)
+            return 1
         return 0
     except ExperimentError as e:
         print(f"[mini] ERROR: {e}", file=sys.stderr)
