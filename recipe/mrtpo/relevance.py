@@ -93,22 +93,44 @@ def _jsd_rows_functional(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
     return (0.5 * ((p + q) * t - torch.minimum(p, q) * a).sum(dim=-1)).clamp(0.0, LN2)
 
 
+def _jsd_from_logits_functional(lp: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
+    """:func:`_jsd_rows_functional` of ``lp`` and the log-softmax of raw logits ``xq`` (floored as in
+    :func:`_log_softmax_fp32`): what ``torch.compile`` fuses with the JSD, so the [N, V] fp32 log-softmax of
+    the variant is never written out. Rows with NaN / +inf logits come out NaN (repaired by the caller)."""
+    lq = torch.log_softmax(xq.float() / temperature, dim=-1).clamp(min=_LOGP_FLOOR)
+    return _jsd_rows_functional(lp, lq)
+
+
+def _jsd_both_from_logits_functional(xp: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Both log-softmaxes and the JSD from raw logits, for ``torch.compile`` (see above)."""
+    lp = torch.log_softmax(xp.float() / temperature, dim=-1).clamp(min=_LOGP_FLOOR)
+    return _jsd_from_logits_functional(lp, xq, temperature)
+
+
 _COMPILED: dict[str, object] = {}
+_FUNCTIONAL = {"ref": _jsd_from_logits_functional, "both": _jsd_both_from_logits_functional}
 
 
-def jsd_kernel(compiled: bool = False):
-    """The per-row JSD kernel: eager :func:`_jsd_rows`, or (``compiled=True``) ``torch.compile`` of
-    :func:`_jsd_rows_functional` with dynamic row counts, built once per process on first use.
-
-    Compiling costs seconds to a minute on the first call (a C++/Triton toolchain is needed: Inductor's
-    requirement) and is then faster: see ``python -m recipe.mrtpo.bench_relevance --compiled``.
-    """
-    if not compiled:
-        return _jsd_rows
-    fn = _COMPILED.get("jsd")
+def _compiled(name: str):
+    """``torch.compile`` (dynamic row counts) of a fused kernel, built once per process on first use.
+    The first call compiles (seconds to a minute; Inductor needs a C++ or Triton toolchain)."""
+    fn = _COMPILED.get(name)
     if fn is None:
-        fn = _COMPILED["jsd"] = torch.compile(_jsd_rows_functional, dynamic=True)
+        fn = _COMPILED[name] = torch.compile(_FUNCTIONAL[name], dynamic=True)
     return fn
+
+
+def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The compiled fused kernel (``kind`` "ref": ``a`` is P_all's log-probs; "both": ``a`` is raw
+    logits); rows it returns as NaN (NaN / +inf logits: hostile input) are recomputed by the eager path,
+    which repairs them."""
+    out = _compiled(kind)(a, xq, temperature)
+    bad = torch.isnan(out)
+    if bool(bad.any()):
+        rows = bad.nonzero(as_tuple=False).squeeze(-1)
+        lp = a.index_select(0, rows) if kind == "ref" else _log_softmax_fp32(a.index_select(0, rows), temperature)
+        out[rows] = _jsd_rows(lp, _log_softmax_fp32(xq.index_select(0, rows), temperature))
+    return out
 
 
 def _rows(flat: torch.Tensor, rows: torch.Tensor, contiguous: bool) -> torch.Tensor:
@@ -154,7 +176,8 @@ def js_distance_from_logits(
         measure: ``"js_distance"`` = sqrt(JSD / ln 2) in [0, 1], or ``"js_divergence"`` = JSD in nats.
         chunk_size: at most this many valid positions are expanded to fp32 [chunk, V] at a time
             (default: about 64 MiB per expanded tensor).
-        compiled: use the ``torch.compile``d kernel (:func:`jsd_kernel`); same values up to fp32 rounding.
+        compiled: use the ``torch.compile``d kernel that fuses both log-softmaxes with the JSD (one pass
+            over [chunk, V]; ``mrtpo.compile_js``); same values up to fp32 rounding.
 
     Returns:
         [B, T] fp32, 0 where ``mask`` is 0.
@@ -166,14 +189,16 @@ def js_distance_from_logits(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T, V = logits_p.shape
-    jsd = jsd_kernel(compiled)
     out = torch.zeros(B * T, dtype=torch.float32, device=logits_p.device)
     flat_p = logits_p.reshape(B * T, V)
     flat_q = logits_q.reshape(B * T, V)
     for rows, contiguous in _chunks(mask, logits_p.shape[:2], chunk_size, V):
+        if compiled:
+            out[rows] = _fused_jsd("both", _rows(flat_p, rows, contiguous), _rows(flat_q, rows, contiguous), temperature)
+            continue
         lp = _log_softmax_fp32(_rows(flat_p, rows, contiguous), temperature)
         lq = _log_softmax_fp32(_rows(flat_q, rows, contiguous), temperature)
-        out[rows] = jsd(lp, lq)
+        out[rows] = _jsd_rows(lp, lq)
         del lp, lq
     if measure == "js_distance":
         out = out.div_(LN2).clamp_(0.0, 1.0).sqrt_()
@@ -200,7 +225,7 @@ def relevance_against_reference(
         logits_ref: [T, V] logits under P_all; logits_variants: [J, T, V] under each P_minus.
         ids: [T] sampled response ids; mask: [T] valid positions.
         measure: ``js_distance`` | ``js_divergence`` | ``logprob_contrast``.
-        compiled: use the ``torch.compile``d JSD kernel (:func:`jsd_kernel`).
+        compiled: fuse each variant's log-softmax with the JSD in a ``torch.compile``d kernel.
 
     Returns:
         (q [J, T] fp32, log p(y_t | P_all) [T] fp32), 0 where masked.
@@ -211,7 +236,6 @@ def relevance_against_reference(
     J = logits_variants.shape[0]
     if logits_variants.shape[1:] != (T, V) or ids.shape != (T,) or mask.shape != (T,):
         raise ValueError("shapes must be ref [T, V], variants [J, T, V], ids [T], mask [T]")
-    jsd = jsd_kernel(compiled)
     q = torch.zeros(J, T, dtype=torch.float32, device=logits_ref.device)
     logp = torch.zeros(T, dtype=torch.float32, device=logits_ref.device)
     for rows, contiguous in _chunks(mask.unsqueeze(0), (1, T), chunk_size, V):
@@ -219,11 +243,14 @@ def relevance_against_reference(
         picked = ids.index_select(0, rows).unsqueeze(-1)
         logp[rows] = lp.gather(-1, picked).squeeze(-1)
         for j in range(J):
+            if compiled and measure != "logprob_contrast":
+                q[j, rows] = _fused_jsd("ref", lp, _rows(logits_variants[j], rows, contiguous), temperature)
+                continue
             lq = _log_softmax_fp32(_rows(logits_variants[j], rows, contiguous), temperature)
             if measure == "logprob_contrast":
                 q[j, rows] = (logp[rows] - lq.gather(-1, picked).squeeze(-1)).abs_()
             else:
-                q[j, rows] = jsd(lp, lq)
+                q[j, rows] = _jsd_rows(lp, lq)
             del lq
         del lp
     if measure == "js_distance":
