@@ -1,7 +1,7 @@
 """Tests of the text-to-SQL verifier (recipe/mrtpo/tasks/text_to_sql.py) and its sandbox.
 
 A small SQLite database (tables ``singer`` and ``concert``) is built in a temporary directory. The
-timeout cases dominate the run time, so only a few use the default 2 s limit; the hostile corpus runs
+timeout cases dominate the run time, so only one uses the default 2 s limit; the hostile corpus runs
 with a 0.25 s limit.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from recipe.mrtpo.tasks import Context, get_task
-from recipe.mrtpo.tasks.sql_sandbox import execute_gold, execute_sql
+from recipe.mrtpo.tasks.sql_sandbox import DEFAULT_TIMEOUT_S, execute_gold, execute_sql
 from recipe.mrtpo.tasks.text_to_sql import (
     SQL_FORMAT_INSTRUCTION,
     check_format,
@@ -318,18 +318,24 @@ def _timed_score(db, sql, extra=None):
     return res, time.monotonic() - start
 
 
+# The wall-clock bounds below leave seconds of slack for a loaded CI machine: without the time limit
+# each of these queries runs for minutes (or forever), so the slack does not weaken the check.
+TIMEOUT = {"sql_timeout_s": 0.5}
+WALL_BOUND_S = 4.0
+
+
 def test_runaway_recursive_cte_stops_within_limit(db):
     res, wall = _timed_score(db, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
-                                 "SELECT count(*) FROM c")
-    assert wall < 2.5
+                                 "SELECT count(*) FROM c")  # the default limit (2 s)
+    assert wall < DEFAULT_TIMEOUT_S + WALL_BOUND_S
     assert res.scores["executable"] == 0.0
     assert res.contexts["executable"].text == "error: query timed out"
 
 
 def test_huge_cross_join_stops_within_limit(db):
     tables = ", ".join(f"singer s{i}" for i in range(14))
-    res, wall = _timed_score(db, f"SELECT count(*) FROM {tables}")
-    assert wall < 2.5
+    res, wall = _timed_score(db, f"SELECT count(*) FROM {tables}", TIMEOUT)
+    assert wall < WALL_BOUND_S
     assert res.scores["executable"] == 0.0
     assert res.contexts["executable"].text == "error: query timed out"
 
@@ -338,8 +344,8 @@ def test_uninterruptible_builtin_is_killed(db):
     # printf's %c loops once per unit of precision inside one VM instruction: the progress handler never
     # runs, so only the worker kill bounds it (in-process, four of these take tens of seconds).
     bomb = "SELECT printf('" + "%.*c" * 4 + "', " + ", ".join(["2000000000, 'x'"] * 4) + ")"
-    res, wall = _timed_score(db, bomb, {"sql_timeout_s": 0.5})
-    assert wall < 2.0
+    res, wall = _timed_score(db, bomb, TIMEOUT)
+    assert wall < WALL_BOUND_S
     assert res.contexts["executable"].text == "error: query timed out"
     assert execute_sql(db, "SELECT count(*) FROM singer").rows == ((5,),)  # a fresh worker serves on
 
