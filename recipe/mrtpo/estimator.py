@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
-from recipe.mrtpo.advantage import compute_mrtpo_advantage_with_stats
+from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
 
 SCORES_KEY = "mrtpo_rewards"  # reward_extra_info: JSON {reward_name: score} per sample
 CONTEXTS_KEY = "mrtpo_contexts"  # reward_extra_info: JSON {reward_name: {"text", "placement"}} per sample

@@ -38,7 +38,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
-from recipe.mrtpo.advantage import smoothstep_beta
+from recipe.mrtpo.core.advantage import smoothstep_beta
 from recipe.mrtpo.estimator import (
     CONTEXTS_KEY,
     SCORES_KEY,
@@ -48,7 +48,7 @@ from recipe.mrtpo.estimator import (
     reward_names_of,
     scores_matrix,
 )
-from recipe.mrtpo.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
+from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)

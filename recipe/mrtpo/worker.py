@@ -4,7 +4,7 @@
 ``compute_log_prob`` (``make_nd_compute_dataproto_dispatch_fn(mesh_name="actor")``): the trainer's
 rows are split across the DP ranks, each rank replays its rows through the FSDP module in eval mode
 without gradients, and the outputs are gathered back in order. The algorithm itself is
-:func:`recipe.mrtpo.replay.replay_relevance`; this class only binds it to verl's engine.
+:func:`recipe.mrtpo.core.replay.replay_relevance`; this class only binds it to verl's engine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from verl.single_controller.base.decorator import make_nd_compute_dataproto_disp
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from recipe.mrtpo.replay import hf_forward, replay_relevance
+from recipe.mrtpo.core.replay import hf_forward, replay_relevance
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))

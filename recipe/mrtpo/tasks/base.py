@@ -1,4 +1,4 @@
-"""The verifier contract shared by every task (DESIGN.md section 2).
+"""The verifier contract shared by every task (docs/design.md §2).
 
 A verifier is a function ``score(response, ground_truth, extra_info=None) -> RewardResult``. It returns
 one score per reward and, for each reward k, the verifier information Z_k that the replay removes to

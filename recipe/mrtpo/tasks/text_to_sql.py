@@ -1,4 +1,4 @@
-"""Text-to-SQL verifier: three rewards per response (DESIGN.md section 2).
+"""Text-to-SQL verifier: three rewards per response (docs/design.md §2).
 
 ``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``.
 The answer is the **last** fenced ```sql block of the response (language tag case-insensitive, ``sqlite``

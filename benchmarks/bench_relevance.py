@@ -1,0 +1,134 @@
+"""Benchmark: chunked JS vs a naive all-at-once JS vs verl's log-prob extraction, side by side.
+
+    python benchmarks/bench_relevance.py [--vocab 151936] [--lengths 128 512 2048] [--dtype bf16] [--compiled]
+
+For each response length T (batch 1, Qwen2's vocabulary by default) and the same pair of logits
+tensors, it times and measures the peak extra memory (RSS sampled every millisecond above the level
+before the call) of:
+
+- ``chunked_js``: :func:`recipe.mrtpo.core.relevance.js_distance_from_logits` (what the replay runs);
+- ``compiled_js`` (with ``--compiled``): the same with ``compiled=True`` (``mrtpo.compile_js``), timed
+  after one compiling call;
+- ``naive_js``: the textbook JSD with every [T, V] temporary in fp32 at once (skipped above --naive-max);
+- ``verl_logprob``: ``verl.utils.torch_functional.logprobs_from_logits`` on one logits tensor, the
+  log-softmax + gather verl already runs for old_log_probs (on CPU: its torch path);
+- ``verl_logprob_x2``: the same on both tensors (the replay has two forwards' logits).
+
+It prints the ratios chunked_js / verl_logprob and chunked_js / verl_logprob_x2 (and compiled_js /
+verl_logprob). Goals (issue 2):
+JS time <= 3x the log-prob extraction; the JS's peak extra memory flat in T (one chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import threading
+import time
+
+import psutil
+import torch
+
+from recipe.mrtpo.core.relevance import default_chunk_size, js_distance_from_logits
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled every millisecond in a thread."""
+
+    def __enter__(self):
+        self.proc = psutil.Process(os.getpid())
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def naive_js(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    lp = torch.log_softmax(a.float(), -1)
+    lq = torch.log_softmax(b.float(), -1)
+    p, q = lp.exp(), lq.exp()
+    lm = torch.log(0.5 * (p + q))
+    jsd = 0.5 * (p * (lp - lm)).sum(-1) + 0.5 * (q * (lq - lm)).sum(-1)
+    return (jsd / math.log(2)).clamp(0, 1).sqrt()
+
+
+def measure(fn, repeats: int):
+    fn()  # warm-up (allocator, thread pool)
+    best = float("inf")
+    peak = 0.0
+    for _ in range(repeats):
+        with PeakRSS() as m:
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+        best = min(best, dt)
+        peak = max(peak, m.extra_mib)
+    return best, peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=151_936)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--chunk-size", type=int, default=None)
+    ap.add_argument("--naive-max", type=int, default=1024, help="skip the naive JS above this T (memory)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compiled", action="store_true", help="also time the torch.compile'd kernel (mrtpo.compile_js)")
+    args = ap.parse_args()
+
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    V = args.vocab
+    chunk = args.chunk_size or default_chunk_size(V)
+    print(f"V={V} dtype={args.dtype} chunk={chunk} positions threads={torch.get_num_threads()}")
+    header = f"{'T':>6} | {'chunked_js':>17} | {'naive_js':>17} | {'verl_logprob':>17} | {'logprob_x2':>17} | {'js/lp':>6} | {'js/lp_x2':>8}"
+    if args.compiled:
+        header += f" | {'compiled_js':>17} | {'cjs/lp':>6} | {'js/cjs':>6}"
+    print(header)
+    print("-" * len(header))
+    g = torch.Generator().manual_seed(0)
+    for T in args.lengths:
+        a = (torch.randn(1, T, V, generator=g) * 2).to(dtype)
+        b = (a.float() + torch.randn(1, T, V, generator=g) * 0.5).to(dtype)
+        mask = torch.ones(1, T)
+        ids = torch.randint(0, V, (1, T), generator=g)
+        js = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk), args.repeats)
+        cjs = None
+        if args.compiled:
+            cjs = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk, compiled=True), args.repeats)
+        naive = measure(lambda: naive_js(a, b), args.repeats) if T <= args.naive_max else None
+        lp = measure(lambda: logprobs_from_logits(a.float(), ids), args.repeats)
+        lp2 = measure(lambda: (logprobs_from_logits(a.float(), ids), logprobs_from_logits(b.float(), ids)), args.repeats)
+
+        def fmt(r):
+            return f"{'skipped':>17}" if r is None else f"{r[0] * 1e3:8.1f}ms {r[1]:6.0f}MiB"
+
+        line = f"{T:>6} | {fmt(js)} | {fmt(naive)} | {fmt(lp)} | {fmt(lp2)} | {js[0] / lp[0]:6.2f} | {js[0] / lp2[0]:8.2f}"
+        if cjs is not None:
+            line += f" | {fmt(cjs)} | {cjs[0] / lp[0]:6.2f} | {js[0] / cjs[0]:6.2f}"
+        print(line)
+        a = b = None  # free before the next length
+    print("(time: best of --repeats; memory: peak RSS above the level before the call)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Per-response scores and benchmark metrics of the evaluation CLI (:mod:`recipe.mrtpo.tools.eval.harness`).
+
+Everything is computed with the project's verifiers (:mod:`recipe.mrtpo.tasks`), with each benchmark's
+official semantics. Tasks fall into three families (:data:`TASK_FAMILY`):
+
+``if`` (IFEval, IFBench)
+    Per response: every instruction checked *strict* (:func:`instruction_following.score`) and *loose*
+    (:func:`instruction_following.score_loose`: the response, or it without its first and/or last
+    line, with or without ``*``, passes). Metrics, as in IFEval's ``evaluation_main``:
+    ``prompt_level_strict`` / ``prompt_level_loose`` = fraction of prompts whose instructions *all*
+    pass; ``inst_level_strict`` / ``inst_level_loose`` = passed instructions / all instructions
+    (micro average over instructions). ``by_instruction`` gives the instruction-level accuracies per
+    instruction id. Loose is never below strict (the response itself is the first loose variant).
+
+``sql`` (Spider, BIRD, Chinook)
+    Per response: :func:`text_to_sql.score`'s ``format``, ``executable`` and ``execution_match``.
+    Metrics: ``execution_accuracy`` (mean ``execution_match``, Spider/BIRD's EX with the verifier's
+    test-suite comparison), ``format_rate``, ``executable_rate``; ``by_difficulty`` (BIRD's
+    simple/moderate/challenging) and ``by_category`` where the rows carry them.
+
+``tool`` (BFCL)
+    Per response: ``ast_match`` = :func:`tool_calling.exact_match` (the calls read from the response
+    are exactly the reference calls, order-free, JSON types kept apart: BFCL's AST check),
+    ``ast_match_formatted`` (the same and the response format-valid), and the training rewards
+    ``format`` and ``correctness`` of :func:`tool_calling.score`. Metrics: ``ast_accuracy``,
+    ``ast_formatted_accuracy``, ``format_rate`` (mean ``format``), ``correctness_mean``;
+    ``by_category`` and ``ast_accuracy_category_mean`` (unweighted mean over categories, as BFCL's
+    leaderboard summaries average categories) where the rows carry a category.
+
+With several samples per prompt (``--n``), every sample counts as one response: metrics are means
+over all samples (mean@n). Every metric is a finite float in [0, 1], or None when nothing was scored.
+
+Public names: :data:`TASK_FAMILY`, :func:`family_of`, :func:`score_response`,
+:func:`validate_ground_truth`, :func:`aggregate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Any, Iterable, Optional
+
+__all__ = ["TASK_FAMILY", "FAMILY_DATA_SOURCES", "family_of", "score_response", "validate_ground_truth", "aggregate"]
+
+#: evaluation task -> verifier family
+TASK_FAMILY: dict[str, str] = {
+    "ifeval": "if",
+    "ifbench": "if",
+    "spider": "sql",
+    "bird": "sql",
+    "chinook": "sql",
+    "bfcl": "tool",
+}
+
+#: family -> the data sources whose rows it can score (the verifiers registered for that family)
+FAMILY_DATA_SOURCES: dict[str, tuple[str, ...]] = {
+    "if": ("ifeval", "ifbench", "instruction_following"),
+    "sql": ("spider", "bird", "chinook", "text_to_sql"),
+    "tool": ("bfcl", "tool_calling"),
+}
+
+_MAX_INFO_CHARS = 500
+
+
+def family_of(task: str) -> str:
+    """The verifier family (``if``, ``sql``, ``tool``) of an evaluation task; ValueError if unknown."""
+    try:
+        return TASK_FAMILY[task]
+    except KeyError:
+        raise ValueError(f"unknown task {task!r}; choose from {sorted(TASK_FAMILY)}") from None
+
+
+def _plain_info(info: Any) -> dict:
+    """Verifier diagnostics as a small JSON-safe dict (strings cut to 500 characters)."""
+    if not isinstance(info, dict):
+        return {}
+    out = {}
+    for k, v in info.items():
+        if v is None or v == {} or v == "":
+            continue
+        if isinstance(v, dict):
+            out[str(k)] = {str(a): str(b)[:_MAX_INFO_CHARS] for a, b in v.items()}
+        elif isinstance(v, (bool, int, float)):
+            out[str(k)] = v
+        else:
+            out[str(k)] = str(v)[:_MAX_INFO_CHARS]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# per-response scores
+# --------------------------------------------------------------------------------------------------
+
+
+def _score_if(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+    from recipe.mrtpo.tasks import instruction_following as IF
+
+    strict = IF.evaluate(response, ground_truth, extra_info, mode="strict")
+    loose = IF.evaluate(response, ground_truth, extra_info, mode="loose")
+    scores = {
+        "prompt_strict": float(all(v == 1.0 for v in strict.scores.values())),
+        "prompt_loose": float(all(v == 1.0 for v in loose.scores.values())),
+        "strict": dict(strict.scores),
+        "loose": dict(loose.scores),
+    }
+    errors = {**loose.info.get("errors", {}), **strict.info.get("errors", {})}
+    return scores, _plain_info({"errors": errors})
+
+
+def _score_sql(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+    from recipe.mrtpo.tasks import text_to_sql as SQL
+
+    result = SQL.score(response, ground_truth, extra_info)
+    return dict(result.scores), _plain_info(result.info)
+
+
+def _score_tool(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+    from recipe.mrtpo.tasks import tool_calling as TOOL
+
+    result = TOOL.score(response, ground_truth, extra_info)
+    scores = {
+        "ast_match": float(TOOL.exact_match(response, ground_truth)),
+        "ast_match_formatted": float(TOOL.exact_match(response, ground_truth, require_format=True)),
+        **result.scores,
+    }
+    return scores, _plain_info(result.info)
+
+
+_SCORERS = {"if": _score_if, "sql": _score_sql, "tool": _score_tool}
+
+
+def score_response(family: str, response: str, ground_truth: Any, extra_info: Optional[dict] = None) -> tuple[dict, dict]:
+    """``(scores, info)`` of one response (module docstring). ``info`` holds the verifier's diagnostics.
+
+    Never raises for any response; a malformed ground truth raises ValueError (a data bug).
+    """
+    if family not in _SCORERS:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(_SCORERS)}")
+    return _SCORERS[family](response, ground_truth, extra_info)
+
+
+def validate_ground_truth(family: str, ground_truth: Any, extra_info: Optional[dict] = None) -> None:
+    """Raise ValueError if a row cannot be scored (checked before any generation).
+
+    Scores an empty response (which runs no SQL), and for text-to-SQL also checks that the database
+    file exists (builders store absolute paths: a moved ``data/`` must be rebuilt).
+    """
+    score_response(family, "", ground_truth, extra_info)
+    if family == "sql":
+        gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+        db_path = gt["db_path"]
+        if not os.path.isfile(db_path):
+            raise ValueError(f"database file not found: {db_path} (data moved? rebuild it with data_prep)")
+
+
+# --------------------------------------------------------------------------------------------------
+# aggregation
+# --------------------------------------------------------------------------------------------------
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return float(sum(values) / len(values)) if values else None
+
+
+def _base_key(reward_key: str) -> str:
+    """The instruction id of a reward key (``"punctuation:no_comma#2"`` -> ``"punctuation:no_comma"``)."""
+    return reward_key.split("#", 1)[0]
+
+
+def _aggregate_if(samples: list[dict]) -> dict:
+    strict_all, loose_all = [], []
+    per_inst: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"strict": [], "loose": []})
+    n_errors = 0
+    for s in samples:
+        sc = s["scores"]
+        for key, v in sc["strict"].items():
+            strict_all.append(v)
+            per_inst[_base_key(key)]["strict"].append(v)
+        for key, v in sc["loose"].items():
+            loose_all.append(v)
+            per_inst[_base_key(key)]["loose"].append(v)
+        n_errors += len((s.get("info") or {}).get("errors", {}))
+    return {
+        "prompt_level_strict": _mean([s["scores"]["prompt_strict"] for s in samples]),
+        "inst_level_strict": _mean(strict_all),
+        "prompt_level_loose": _mean([s["scores"]["prompt_loose"] for s in samples]),
+        "inst_level_loose": _mean(loose_all),
+        "n_instructions": len(strict_all),
+        "n_checker_errors": n_errors,
+        "by_instruction": {
+            iid: {"n": len(v["strict"]), "strict": _mean(v["strict"]), "loose": _mean(v["loose"])}
+            for iid, v in sorted(per_inst.items())
+        },
+    }
+
+
+def _sql_core(samples: list[dict]) -> dict:
+    return {
+        "execution_accuracy": _mean([s["scores"]["execution_match"] for s in samples]),
+        "format_rate": _mean([s["scores"]["format"] for s in samples]),
+        "executable_rate": _mean([s["scores"]["executable"] for s in samples]),
+    }
+
+
+def _tool_core(samples: list[dict]) -> dict:
+    return {
+        "ast_accuracy": _mean([s["scores"]["ast_match"] for s in samples]),
+        "ast_formatted_accuracy": _mean([s["scores"]["ast_match_formatted"] for s in samples]),
+        "format_rate": _mean([s["scores"]["format"] for s in samples]),
+        "correctness_mean": _mean([s["scores"]["correctness"] for s in samples]),
+    }
+
+
+def _breakdown(samples: list[dict], field: str, core) -> dict:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for s in samples:
+        value = s.get(field)
+        if isinstance(value, str) and value:
+            groups[value].append(s)
+    return {g: {"n": len(members), **core(members)} for g, members in sorted(groups.items())}
+
+
+def _aggregate_sql(samples: list[dict]) -> dict:
+    out = _sql_core(samples)
+    for field in ("difficulty", "category"):
+        groups = _breakdown(samples, field, _sql_core)
+        if groups:
+            out[f"by_{field}"] = groups
+    out["n_gold_errors"] = sum(1 for s in samples if "errors" in (s.get("info") or {}))
+    return out
+
+
+def _aggregate_tool(samples: list[dict]) -> dict:
+    out = _tool_core(samples)
+    groups = _breakdown(samples, "category", _tool_core)
+    if groups:
+        out["by_category"] = groups
+        out["ast_accuracy_category_mean"] = _mean([g["ast_accuracy"] for g in groups.values()])
+    return out
+
+
+_AGGREGATORS = {"if": _aggregate_if, "sql": _aggregate_sql, "tool": _aggregate_tool}
+
+
+def aggregate(family: str, samples: Iterable[dict]) -> dict:
+    """Benchmark metrics over scored responses.
+
+    ``samples``: one dict per response, ``{"scores": <score_response's scores>, "info": {...}}``,
+    optionally with ``"category"`` / ``"difficulty"`` strings for the breakdowns. Returns
+    ``{"n_responses": int, <metric>: float | None, ...}`` (module docstring).
+    """
+    if family not in _AGGREGATORS:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(_AGGREGATORS)}")
+    samples = list(samples)
+    return {"n_responses": len(samples), **_AGGREGATORS[family](samples)}

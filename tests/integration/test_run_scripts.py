@@ -1,0 +1,257 @@
+"""The per-(model, task) run scripts (run_scripts/qwen*_{ifbench,text2sql,toolcall}.sh + common.sh).
+
+Two kinds of checks, neither of which can start Ray or a training run:
+
+- dry runs (``DRY_RUN=1``): every script through the real entry point with Hydra's ``--cfg job
+  --resolve``; the YAML it prints is parsed and checked (estimator, reward manager, replay switches,
+  model and data paths, nodes/GPUs from the environment, hyper-parameters, the extra override winning).
+  The ALGO values are spread over the nine scripts so that each value runs at least once (the ALGO
+  switch lives in common.sh, shared by all scripts); the nine runs go two at a time (~10 s each).
+- launches with a stand-in interpreter (``MRTPO_VENV`` pointing at a fake ``bin/python`` that only
+  records its arguments): the real (non-dry) command line, and the errors raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "run_scripts"
+SIZES = {"1.5b": "1.5B", "3b": "3B", "7b": "7B"}
+TASKS = ("ifbench", "text2sql", "toolcall")
+ROLLOUT_TP = {"1.5b": 1, "3b": 1, "7b": 2}
+DEFAULT_DATA = {
+    "ifbench": (["data/instruction_following/train.parquet"], ["data/ifeval/test.parquet", "data/ifbench/test.parquet"]),
+    "text2sql": (["data/spider/train.parquet"], ["data/spider/test.parquet", "data/bird/test.parquet"]),
+    "toolcall": (["data/bfcl/train.parquet"], ["data/bfcl/test.parquet"]),
+}
+# (estimator, mrtpo.mode, mrtpo.shuffle) each ALGO must give; gdpo/grpo leave the replay knobs untouched
+# (the recipe's trainer replays only for adv_estimator=mrtpo).
+ALGO_EXPECT = {
+    "mrtpo": ("mrtpo", "mrtpo", False),
+    "gdpo": ("gdpo", "mrtpo", False),
+    "grpo": ("grpo", "mrtpo", False),
+    "cort": ("mrtpo", "cort", False),
+    "shuffle": ("mrtpo", "mrtpo", True),
+}
+# script -> ALGO of its dry run (None: ALGO unset, the default mrtpo). Every ALGO value occurs.
+DRY_RUNS = {
+    "qwen1.5b_ifbench": None,
+    "qwen1.5b_text2sql": "gdpo",
+    "qwen1.5b_toolcall": "grpo",
+    "qwen3b_ifbench": "cort",
+    "qwen3b_text2sql": "shuffle",
+    "qwen3b_toolcall": "mrtpo",
+    "qwen7b_ifbench": "gdpo",
+    "qwen7b_text2sql": "grpo",
+    "qwen7b_toolcall": "mrtpo",
+}
+# scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
+CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
+EXTRA = ["trainer.test_freq=7", "data.train_batch_size=64"]  # the script sets 10 and 512: the extras must win
+DRY_TIMEOUT_S = 180
+
+
+def _base_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("ALGO", "DRY_RUN", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES",
+                                                             "NNODES", "N_GPUS_PER_NODE", "EXPERIMENT_NAME", "PROJECT_NAME",
+                                                             "MRTPO_VENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
+    return env
+
+
+def _missing_values(node, prefix: str = "") -> list[str]:
+    """Dotted paths of the values Hydra printed as ``???`` (mandatory, unset)."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _missing_values(v, f"{prefix}{k}.")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _missing_values(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if node == "???" else []
+
+
+def _split(name: str) -> tuple[str, str]:
+    size, task = name[len("qwen"):].split("_", 1)
+    return size, task
+
+
+def _dry_run(name: str, algo, workdir: Path) -> dict:
+    env = _base_env(DRY_RUN="1", NNODES="3", N_GPUS_PER_NODE="4")
+    if algo is not None:
+        env["ALGO"] = algo
+    expect_model = None
+    expect_train = expect_val = None
+    if name in CUSTOM_PATHS:
+        (workdir / "my_model").mkdir()
+        for f in ("d/train.parquet", "d/val_a.parquet", "d/val_b.parquet"):
+            (workdir / f).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / f).touch()
+        env.update(MODEL_PATH="my_model", TRAIN_FILES="d/train.parquet", VAL_FILES="d/val_a.parquet, ./d/val_b.parquet")
+        expect_model = str(workdir / "my_model")
+        expect_train = [str(workdir / "d/train.parquet")]
+        expect_val = [str(workdir / "d/val_a.parquet"), str(workdir / "d/val_b.parquet")]
+    res = subprocess.run(["bash", str(SCRIPTS / f"{name}.sh"), *EXTRA], cwd=workdir, env=env,
+                         capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
+    return {"res": res, "model": expect_model, "train": expect_train, "val": expect_val}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict:
+    """All nine dry runs, two at a time (2 cores); {script name: result}."""
+    base = tmp_path_factory.mktemp("dry")
+    for name in DRY_RUNS:
+        (base / name).mkdir()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {n: pool.submit(_dry_run, n, a, base / n) for n, a in DRY_RUNS.items()}
+        return {n: f.result() for n, f in futures.items()}
+
+
+def test_nine_scripts_exist_and_are_thin():
+    names = sorted(p.stem for p in SCRIPTS.glob("qwen*.sh"))
+    assert names == sorted(DRY_RUNS), names
+    for name in names:
+        text = (SCRIPTS / f"{name}.sh").read_text()
+        size, task = _split(name)
+        assert f"mrtpo_launch {size} {task} \"$@\"" in text, name
+        assert 'source "$(dirname "${BASH_SOURCE[0]}")/common.sh"' in text, name
+        # shared logic stays in common.sh: no override written in a per-model script
+        assert "actor_rollout_ref." not in text.split("set -euo pipefail", 1)[1], name
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_dry_run_config(dry_runs, name):
+    run = dry_runs[name]
+    res = run["res"]
+    assert res.returncode == 0, f"{name} failed (rc {res.returncode}):\n{res.stderr[-4000:]}"
+    cfg = yaml.safe_load(res.stdout)  # stdout is the composed config and nothing else
+    assert isinstance(cfg, dict) and "actor_rollout_ref" in cfg, res.stdout[:2000]
+    assert "--cfg job --resolve" in res.stderr  # the echoed command line
+    # every mandatory value is set, but that of verl's generative reward model, which the recipe leaves off
+    assert _missing_values(cfg) == ["reward.reward_model.rollout.name"]
+    assert not cfg["reward"]["reward_model"]["enable"]
+
+    size, task = _split(name)
+    algo = DRY_RUNS[name] or "mrtpo"
+    est, mode, shuffle = ALGO_EXPECT[algo]
+    arr = cfg["actor_rollout_ref"]
+
+    # method switches
+    assert cfg["algorithm"]["adv_estimator"] == est
+    assert cfg["mrtpo"]["mode"] == mode
+    assert cfg["mrtpo"]["shuffle"] is shuffle
+    assert cfg["mrtpo"]["replay"] is True  # never switched off: replay runs iff adv_estimator == mrtpo
+    assert (cfg["mrtpo"]["beta"], cfg["mrtpo"]["warmup_steps"], cfg["mrtpo"]["max_realloc_rms"]) == (0.5, 10, 1.0)
+    rm = cfg["reward"]["reward_manager"]
+    assert (rm["name"], rm["source"], rm["module"]["path"]) == ("MRTPORewardManager", "importlib", "pkg://recipe.mrtpo.reward_manager")
+    assert cfg["trainer"]["v1"]["trainer_mode"] == "mrtpo" and cfg["trainer"]["use_v1"] is True
+
+    # model and data
+    family = "Qwen2.5-Coder" if task == "text2sql" else "Qwen2.5"
+    default_model = f"Qwen/{family}-{SIZES[size]}-Instruct"
+    assert arr["model"]["path"] == (run["model"] or default_model)
+    train, val = DEFAULT_DATA[task]
+    assert cfg["data"]["train_files"] == (run["train"] or [str(REPO / p) for p in train])
+    assert cfg["data"]["val_files"] == (run["val"] or [str(REPO / p) for p in val])
+    model_tag = Path(run["model"] or default_model).name.lower()
+    assert cfg["trainer"]["experiment_name"] == f"{model_tag}_{task}_{algo}"
+
+    # cluster shape from the environment
+    assert (cfg["trainer"]["nnodes"], cfg["trainer"]["n_gpus_per_node"]) == (3, 4)
+    assert arr["rollout"]["tensor_model_parallel_size"] == ROLLOUT_TP[size]
+    assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["PYTHONPATH"].split(":")[0] == str(REPO)
+
+    # the anchor hyper-parameters (GDPO's tool-calling setup) ...
+    assert arr["rollout"]["n"] == 4 and arr["rollout"]["name"] == "vllm"
+    assert arr["actor"]["optim"]["lr"] == 1e-6
+    assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == (4096 if task == "text2sql" else 2048, 1024)
+    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, 0.001, "low_var_kl")
+    assert cfg["algorithm"]["use_kl_in_reward"] is False
+    # ... and the extra overrides, passed last, won over the script's own values
+    assert cfg["trainer"]["test_freq"] == 7
+    assert cfg["data"]["train_batch_size"] == 64
+
+
+def test_every_algo_is_dry_run():
+    assert {a or "mrtpo" for a in DRY_RUNS.values()} == set(ALGO_EXPECT)
+
+
+# --------------------------------------------------------------------- launches with a stand-in python
+@pytest.fixture()
+def fake_venv(tmp_path) -> tuple[Path, Path]:
+    """A venv whose ``bin/python`` records argv, cwd and PYTHONPATH (one per line) and exits 0."""
+    venv, record = tmp_path / "venv", tmp_path / "record.txt"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(f'#!/usr/bin/env bash\n{{ pwd; echo "PYTHONPATH=$PYTHONPATH"; printf "%s\\n" "$@"; }} > "{record}"\n')
+    py.chmod(0o755)
+    return venv, record
+
+
+def _launch(tmp_path, fake_venv, script="qwen7b_toolcall", extra=(), **env):
+    venv, record = fake_venv
+    files = {}
+    for f in ("train.parquet", "val.parquet"):
+        (tmp_path / f).touch()
+        files[f] = str(tmp_path / f)
+    base = dict(MRTPO_VENV=str(venv), TRAIN_FILES=files["train.parquet"], VAL_FILES=files["val.parquet"])
+    base.update(env)
+    res = subprocess.run(["bash", str(SCRIPTS / f"{script}.sh"), *extra], cwd=tmp_path, env=_base_env(**base),
+                         capture_output=True, text=True, timeout=30)
+    lines = record.read_text().splitlines() if record.exists() else None
+    return res, lines
+
+
+def test_real_launch_command(tmp_path, fake_venv):
+    res, lines = _launch(tmp_path, fake_venv, extra=["trainer.save_freq=3", "mrtpo.beta=0.25"], ALGO="shuffle")
+    assert res.returncode == 0, res.stderr
+    assert lines is not None, "the interpreter was not launched"
+    cwd, pythonpath, *argv = lines
+    assert cwd == str(REPO)
+    assert pythonpath.split("=", 1)[1].split(":")[0] == str(REPO)
+    assert argv[:2] == ["-m", "recipe.mrtpo.main_mrtpo"]
+    assert "--cfg" not in argv and "--resolve" not in argv  # a real run, not a dry one
+    assert argv[-2:] == ["trainer.save_freq=3", "mrtpo.beta=0.25"]  # extras last: they win in Hydra
+    assert argv.index("mrtpo.beta=0.5") < argv.index("mrtpo.beta=0.25")
+    assert ["algorithm.adv_estimator=mrtpo", "mrtpo.shuffle=True"] == [a for a in argv if a.startswith(("algorithm.adv", "mrtpo.shuffle"))]
+    assert f"data.train_files=['{tmp_path / 'train.parquet'}']" in argv
+    assert "trainer.nnodes=1" in argv and "trainer.n_gpus_per_node=8" in argv  # the defaults
+    assert "actor_rollout_ref.model.path='Qwen/Qwen2.5-7B-Instruct'" in argv
+
+
+def test_missing_data_fails_before_launch(tmp_path, fake_venv):
+    res, lines = _launch(tmp_path, fake_venv, script="qwen1.5b_ifbench", TRAIN_FILES=str(tmp_path / "nope.parquet"))
+    assert res.returncode != 0 and lines is None
+    assert "missing data file" in res.stderr and "nope.parquet" in res.stderr
+    assert "data_prep.build_offline" in res.stderr  # tells how to build them
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"ALGO": "ppo"}, "unknown ALGO 'ppo'"),
+        ({"NNODES": "0"}, "NNODES must be a positive integer"),
+        ({"N_GPUS_PER_NODE": "eight"}, "N_GPUS_PER_NODE must be a positive integer"),
+        ({"DRY_RUN": "maybe"}, "DRY_RUN must be 1 or 0"),
+    ],
+)
+def test_bad_settings_fail_before_launch(tmp_path, fake_venv, env, message):
+    res, lines = _launch(tmp_path, fake_venv, **env)
+    assert res.returncode != 0 and lines is None
+    assert message in res.stderr, res.stderr
+
+
+def test_common_sh_is_not_a_script():
+    """common.sh is sourced; running it alone must do nothing (no launch)."""
+    res = subprocess.run(["bash", str(SCRIPTS / "common.sh")], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == ""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
+

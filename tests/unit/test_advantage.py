@@ -1,0 +1,245 @@
+"""The MRTPO advantage against verl 0.9.1's own GDPO/GRPO and the invariants of docs/design.md §1."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage, compute_grpo_outcome_advantage, get_adv_estimator_fn
+
+from recipe.mrtpo.core.advantage import (
+    compute_mrtpo_advantage,
+    compute_mrtpo_advantage_with_stats,
+    group_has_variance,
+    group_normalized_scores,
+    relevance_weights,
+    response_level_weights,
+    shuffle_within_mask,
+    smoothstep_beta,
+)
+
+
+def make_batch(n_groups=4, n=4, K=3, T=12, seed=0, binary=True):
+    g = torch.Generator().manual_seed(seed)
+    B = n_groups * n
+    if binary:
+        scores = torch.randint(0, 2, (B, K), generator=g).float()
+    else:
+        scores = torch.rand(B, K, generator=g)
+    lengths = torch.randint(3, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    index = np.array([f"uid{i // n}" for i in range(B)], dtype=object)
+    q = torch.rand(B, K, T, generator=g) * mask[:, None]
+    return scores, index, mask, q
+
+
+def verl_gdpo(scores, index, mask, weights=None):
+    """verl 0.9.1's GDPO on the same inputs, through its real entry (non_tensor_batch + batch)."""
+    B, T = mask.shape
+    prompt_len = 5
+    attn = torch.cat([torch.ones(B, prompt_len), mask], dim=1).long()
+    keys = [f"r{k}" for k in range(scores.shape[1])]
+    ntb = {k: scores[:, j].numpy() for j, k in enumerate(keys)}
+    cfg = {"gdpo_reward_keys": keys}
+    if weights is not None:
+        cfg["gdpo_reward_weights"] = weights
+    adv, _ = compute_gdpo_outcome_advantage(
+        token_level_rewards=torch.zeros(B, T), response_mask=mask, index=index, config=cfg,
+        non_tensor_batch=ntb, batch={"prompts": torch.zeros(B, prompt_len), "attention_mask": attn},
+    )
+    return adv
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beta_zero_is_verl_gdpo(seed, binary):
+    scores, index, mask, q = make_batch(seed=seed, binary=binary)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0)
+    assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
+    # no replay at all (relevance None) is GDPO too, and so are fixed reward weights
+    assert torch.allclose(compute_mrtpo_advantage(scores, index, mask, None, beta=0.5), verl_gdpo(scores, index, mask), atol=1e-5)
+    w = [1.0, 0.5, 2.0]
+    assert torch.allclose(
+        compute_mrtpo_advantage(scores, index, mask, None, beta=0.0, reward_weights=w), verl_gdpo(scores, index, mask, w), atol=1e-5
+    )
+
+
+def test_uniform_relevance_is_gdpo():
+    scores, index, mask, q = make_batch(seed=5)
+    uniform = torch.full_like(q, 0.37) * mask[:, None]
+    ours = compute_mrtpo_advantage(scores, index, mask, uniform, beta=0.8)
+    assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
+
+
+def test_nonuniform_relevance_moves_advantage():
+    scores, index, mask, q = make_batch(seed=6)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5)
+    assert not torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-3)
+    assert torch.isfinite(ours).all() and (ours[mask == 0] == 0).all()
+
+
+def test_k1_beta0_is_grpo_up_to_whitening():
+    scores, index, mask, q = make_batch(K=1, seed=3, binary=False)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0)
+    B, T = mask.shape
+    tlr = torch.zeros(B, T)
+    tlr[torch.arange(B), mask.sum(1).long() - 1] = scores[:, 0]
+    grpo, _ = compute_grpo_outcome_advantage(tlr, mask, index)
+    m = mask.bool()
+    whitened = (grpo - grpo[m].mean()) / grpo[m].std()
+    assert torch.allclose(ours[m], whitened[m], atol=1e-4)
+
+
+def test_single_sample_group_follows_verl_convention():
+    scores = torch.tensor([[0.3], [1.0], [0.0]])
+    index = np.array(["a", "b", "b"], dtype=object)
+    A = group_normalized_scores(scores, index)
+    assert math.isclose(A[0, 0].item(), 0.3 / (1 + 1e-6), rel_tol=1e-6)
+    assert A[1, 0] > 0 > A[2, 0]
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("rho", [None, 1.0, 0.3])
+def test_weights_mean_one_positive_rms_bounded(beta, rho):
+    _, _, mask, q = make_batch(seed=7, T=20)
+    q = q[:, 0] ** 4  # peaky
+    w = relevance_weights(q, mask, beta, max_realloc_rms=rho)
+    m = mask.bool()
+    per_row_mean = (w * mask).sum(1) / mask.sum(1)
+    assert torch.allclose(per_row_mean, torch.ones_like(per_row_mean), atol=1e-5)
+    assert (w[m] >= 1 - beta - 1e-6).all()
+    if beta < 1:
+        assert (w[m] > 0).all()
+    assert (w[~m] == 0).all()
+    if rho is not None:
+        rms = ((((w - 1) ** 2) * mask).sum(1) / mask.sum(1)).sqrt()
+        assert (rms <= rho + 1e-5).all()
+
+
+def test_rms_constraint_scales_not_clips():
+    mask = torch.ones(1, 10)
+    q = torch.zeros(1, 10)
+    q[0, 0] = 1.0  # all mass on one token: w = [1 + 9b, 1 - b, ...]
+    w_free = relevance_weights(q, mask, 1.0, max_realloc_rms=None)
+    w = relevance_weights(q, mask, 1.0, max_realloc_rms=1.0)
+    d_free, d = w_free - 1, w - 1
+    assert (((d_free**2).mean()).sqrt() > 1.0)
+    assert torch.allclose(((d**2).mean()).sqrt(), torch.tensor(1.0), atol=1e-5)
+    ratio = d / d_free
+    assert torch.allclose(ratio, ratio[0, 0].expand_as(ratio))  # one common scale: shape and signs kept
+
+
+def test_qbar_zero_falls_back_to_uniform():
+    mask = torch.ones(2, 6)
+    q = torch.zeros(2, 6)
+    q[1] = torch.rand(6)
+    w = relevance_weights(q, mask, 0.7)
+    assert torch.equal(w[0], torch.ones(6))
+    assert not torch.allclose(w[1], torch.ones(6))
+    # an all-masked row never divides by zero
+    w2 = relevance_weights(torch.rand(1, 4), torch.zeros(1, 4), 0.5)
+    assert torch.equal(w2, torch.zeros(1, 4))
+
+
+def test_no_variance_group_gets_zero_advantage_and_no_replay():
+    scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    A = group_normalized_scores(scores, index)
+    assert A[0, 0] != 0 and A[2, 0] == 0 and A[3, 0] == 0 and A[2, 1] == 0 and A[3, 1] == 0
+    var = group_has_variance(scores, index)
+    assert var.tolist() == [[True, True], [True, True], [False, False], [False, False]]
+
+
+def test_absent_rewards_contribute_nothing_and_never_leak_nan():
+    nan = float("nan")
+    # group a has rewards 0 and 1; group b has rewards 1 and 2 (ragged, as in instruction following)
+    scores = torch.tensor([[1.0, 0.0, nan], [0.0, 1.0, nan], [nan, 1.0, 0.0], [nan, 0.0, 1.0]])
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    mask = torch.ones(4, 5)
+    q = torch.rand(4, 3, 5)
+    adv = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5)
+    assert torch.isfinite(adv).all()
+    A = group_normalized_scores(scores, index)
+    assert A[0, 2] == 0 and A[2, 0] == 0
+    # the absent column changes nothing: group a's signal (before batch whitening) is the same as
+    # with reward 2 dropped, whatever the replay left in the absent reward's relevance row
+    q2 = q.clone()
+    q2[:2, 2] = torch.rand(2, 5) * 100
+    raw_full, _ = compute_mrtpo_advantage_with_stats(scores, index, mask, q2, beta=0.5, whiten=False)
+    raw_sub, _ = compute_mrtpo_advantage_with_stats(scores[:2, :2], index[:2], mask[:2], q[:2, :2], beta=0.5, whiten=False)
+    assert torch.allclose(raw_full[:2], raw_sub, atol=1e-6)
+
+
+def test_shuffle_permutes_within_valid_positions_only():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(3, 8)
+    mask[1, 5:] = 0
+    q = torch.rand(3, 2, 8) * mask[:, None]
+    s = shuffle_within_mask(q, mask, torch.Generator().manual_seed(1))
+    assert not torch.equal(s, q)
+    for i in range(3):
+        for k in range(2):
+            m = mask[i].bool()
+            assert torch.equal(torch.sort(s[i, k, m]).values, torch.sort(q[i, k, m]).values)
+            assert torch.equal(s[i, k, ~m], q[i, k, ~m])
+    # deterministic for a seeded generator
+    assert torch.equal(s, shuffle_within_mask(q, mask, torch.Generator().manual_seed(1)))
+    scores, index, mask2, q2 = make_batch(seed=8)
+    a = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, shuffle=True, generator=torch.Generator().manual_seed(2))
+    b = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5)
+    assert not torch.allclose(a, b) and torch.isfinite(a).all()
+    del g
+
+
+def test_smoothstep_beta():
+    assert smoothstep_beta(0, 0.5, 10) == 0.0
+    assert smoothstep_beta(5, 0.5, 10) == pytest.approx(0.5 * 0.25 * 2.0)
+    assert smoothstep_beta(10, 0.5, 10) == 0.5
+    assert smoothstep_beta(100, 0.5, 10) == 0.5
+    assert smoothstep_beta(0, 0.5, 0) == 0.5
+    vals = [smoothstep_beta(s, 1.0, 10) for s in range(12)]
+    assert all(b >= a for a, b in zip(vals, vals[1:]))
+    with pytest.raises(ValueError):
+        smoothstep_beta(-1, 0.5, 10)
+
+
+def test_response_level_weights():
+    nan = float("nan")
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    scores = torch.tensor([[1.0, 0.0, 0.5], [0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [0.0, 1.0, 0.5]])
+    none = response_level_weights(scores, index, "none")
+    assert none.tolist() == [1.0, 1.0, 1.0]
+    dvao = response_level_weights(scores, index, "dvao")
+    # reward 0 varies inside both groups (var .25 each), reward 1 and 2 never vary inside a group
+    assert dvao.tolist() == pytest.approx([3.0, 0.0, 0.0])
+    saw = response_level_weights(scores, index, "saw")
+    # CV: reward 0: std .5 / mean .5 = 1; reward 1: same; reward 2: 0
+    assert saw.tolist() == pytest.approx([1.5, 1.5, 0.0])
+    assert float(saw.mean()) == pytest.approx(1.0)
+    ragged = torch.tensor([[1.0, nan], [0.0, nan], [nan, nan], [nan, nan]])
+    assert response_level_weights(ragged, index, "dvao").tolist() == [1.0, 0.0]
+    # composes: SAW-weighted MRTPO differs from plain and stays finite
+    s2, idx2, m2, q2 = make_batch(seed=9, binary=False)
+    a = compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, reward_weighting="saw")
+    assert torch.isfinite(a).all() and not torch.allclose(a, compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5))
+    with pytest.raises(ValueError):
+        response_level_weights(scores, index, "bogus")
+
+
+def test_registered_in_verl_and_reads_batch():
+    from recipe.mrtpo import estimator  # noqa: F401  (registers)
+    import json
+
+    fn = get_adv_estimator_fn("mrtpo")
+    scores, index, mask, q = make_batch(seed=11)
+    names = ["r0", "r1", "r2"]
+    ntb = {"mrtpo_rewards": np.array([json.dumps({n: float(s[j]) for j, n in enumerate(names)}) for s in scores], dtype=object)}
+    cfg = {"beta": 0.0, "reward_names": names}
+    adv, ret = fn(torch.zeros_like(mask), mask, index, config=None, non_tensor_batch=ntb, batch={"mrtpo_relevance": q}, mrtpo_config=cfg)
+    assert torch.allclose(adv, verl_gdpo(scores, index, mask), atol=1e-5)
+    cfg = {"beta": 0.5, "reward_names": names}
+    adv2, _ = fn(torch.zeros_like(mask), mask, index, non_tensor_batch=ntb, batch={"mrtpo_relevance": q}, mrtpo_config=cfg)
+    assert torch.allclose(adv2, compute_mrtpo_advantage(scores, index, mask, q, 0.5), atol=1e-6)
+    assert cfg["stats"].weighted_pairs > 0
+    with pytest.raises(ValueError, match="main_mrtpo"):
+        fn(torch.zeros_like(mask), mask, index)

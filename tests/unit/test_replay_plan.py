@@ -1,0 +1,76 @@
+"""Driver-side replay planning: the replay rule, fallbacks, packing, and the errored-sample fill."""
+
+import numpy as np
+import torch
+
+from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
+from recipe.mrtpo.estimator import fill_errored_samples, reward_extras
+
+NAN = float("nan")
+
+
+def render(msgs):
+    return [ord(c) for c in "".join(m["content"] for m in msgs)]
+
+
+def test_rule_fallbacks_and_packing():
+    msgs = [{"role": "user", "content": "Say hi. No commas. All lowercase."}]
+    ctx = {"a": {"text": "No commas.", "placement": "prompt"}, "b": {"text": "All lowercase.", "placement": "prompt"},
+           "c": {"text": "Not there.", "placement": "prompt"}}
+    # group g1 (samples 0, 1): a varies, b constant, c varies (but its context is missing from the prompt)
+    # group g2 (samples 2, 3): nothing varies; sample 3 lacks reward c (ragged)
+    scores = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 0.0, NAN]])
+    index = np.array(["g1", "g1", "g2", "g2"], dtype=object)
+    T = 5
+    responses = torch.arange(20).view(4, T)
+    mask = torch.ones(4, T, dtype=torch.long)
+    plan = build_replay_plan(scores, index, ["a", "b", "c"], [ctx] * 4, [msgs] * 4, responses, mask, render)
+    assert plan.rows == [0, 1]
+    assert plan.pairs_replayed == 2 and plan.pairs_fallback == 2 and plan.fallback_reasons == {"not_found": 2}
+    assert plan.pairs_skipped == 2 + 5  # (b in g1) x 2 + all present pairs of g2
+    assert plan.replayed_mask.tolist() == [[True, False, False], [True, False, False], [False] * 3, [False] * 3]
+    pv = plan.inputs["pair_variant"]
+    assert pv.tolist() == [[1, -1, -1], [1, -1, -1]]
+    ids, lens = plan.inputs["variant_ids"], plan.inputs["variant_lens"]
+    full = render(msgs)
+    assert ids[0, 0, -lens[0, 0]:].tolist() == full
+    minus = "".join(chr(i) for i in ids[0, 1, -lens[0, 1]:].tolist())
+    assert "No commas." not in minus and "All lowercase." in minus
+    assert torch.equal(plan.inputs["responses"], responses[:2])
+    m = plan.metrics()
+    assert m["mrtpo/pairs_replayed"] == 2 and m["mrtpo/fallback/not_found"] == 2 and m["mrtpo/variants_replayed"] == 4
+
+
+def test_pad_rows_and_empty():
+    inputs = {"pair_variant": torch.tensor([[1, -1]]), "variant_ids": torch.ones(1, 2, 3, dtype=torch.long)}
+    out, n = pad_rows(inputs, 4)
+    assert n == 3 and out["pair_variant"].shape == (4, 2) and (out["pair_variant"][1:] == -1).all()
+    same, n0 = pad_rows(inputs, 1)
+    assert n0 == 0 and same is inputs
+
+
+def test_q_mass_top_share():
+    rel = torch.zeros(1, 1, 10)
+    rel[0, 0, 0] = 9.0
+    rel[0, 0, 1:] = 1.0 / 9
+    share = q_mass_top_share(rel, torch.tensor([[True]]), torch.ones(1, 10))
+    assert abs(share - 0.9) < 1e-6
+    uniform = q_mass_top_share(torch.ones(1, 1, 10), torch.tensor([[True]]), torch.ones(1, 10))
+    assert abs(uniform - 0.1) < 1e-6
+
+
+def test_errored_sample_scores_zero_on_its_groups_rewards():
+    scores = torch.tensor([[1.0, 0.0, NAN], [NAN, NAN, NAN], [NAN, NAN, 1.0]])
+    index = np.array(["g", "g", "h"], dtype=object)
+    out = fill_errored_samples(scores, [False, True, False], index)
+    assert out[1, :2].tolist() == [0.0, 0.0] and torch.isnan(out[1, 2])
+    assert torch.equal(fill_errored_samples(scores, [False] * 3, index).isnan(), scores.isnan())
+
+
+def test_reward_extras_reads_transferqueue_layout():
+    class Wrapped:
+        def __init__(self, d):
+            self.data = d
+
+    ef = [{"reward_extra_info": {"mrtpo_rewards": "{}"}}, Wrapped({"reward_extra_info": {"x": 1}}), None, {"other": 1}]
+    assert reward_extras(ef) == [{"mrtpo_rewards": "{}"}, {"x": 1}, {}, {}]

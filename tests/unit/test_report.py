@@ -1,0 +1,302 @@
+"""Tests of ``python -m recipe.mrtpo.tools.report``: log parsing (a real console log of the recipe, verl's own
+console and file loggers), run identification, the table's numbers, the threshold logic, the PNGs, and
+robustness to corrupt lines.
+
+The real log (``tests/data/report_logs/mrtpo_run.log``) is the tail of a 2-step MRTPO run on CPU, cut to
+its ``step:`` lines and the lines around them; its rewards are IF constraint ids such as
+``punctuation:no_comma``.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.mrtpo.cpu.launcher import parse_steps
+from recipe.mrtpo.tools.report.build import (
+    build_report,
+    first_reach,
+    format_cell,
+    main,
+    mean_spread,
+    parse_console_log,
+    parse_file_logger,
+    parse_run_name,
+    resolve_meta,
+    reward_series,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+REAL_LOG = Path(__file__).resolve().parents[1] / "data" / "report_logs" / "mrtpo_run.log"
+MODEL = "Qwen2.5-0.5B"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def console_line():
+    """verl's own console-logger formatter (``LocalLogger.log`` prints exactly this)."""
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+    return concat_dict_to_str
+
+
+def _synthetic_log(console_line, rewards: dict[str, list[float]], extra_lines=()) -> str:
+    """A console log: Ray-style prefix + verl's formatting, one line per step from 1."""
+    n = len(next(iter(rewards.values())))
+    lines = ["\x1b[36m(MRTPOTaskRunner pid=1)\x1b[0m Training Progress:   0%|          | 0/4"]
+    for i in range(n):
+        data = {"actor/pg_loss": 0.01 * i}
+        data.update({f"mrtpo/reward/{name}/mean": vals[i] for name, vals in rewards.items()})
+        data.update({f"mrtpo/reward/{name}/count": 8.0 for name in rewards})
+        lines.append("\x1b[36m(MRTPOTaskRunner pid=1)\x1b[0m " + console_line(data, step=i + 1))
+    return "\n".join([*lines, *extra_lines]) + "\n"
+
+
+def _eval_json(path: Path, task: str, metrics: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"task": task, "model": "/ckpt/global_step_100/actor/huggingface", "n": 50,
+                                "metrics": {"n_responses": 50, **metrics}, "config": {"temperature": 0.0},
+                                "items": [{"id": "a", "response": "x", "scores": {}}]}))
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+
+
+def test_real_log_parses_like_parse_steps_plus_numpy_values():
+    text = REAL_LOG.read_text()
+    steps, corrupt = parse_console_log(text)
+    assert corrupt == 0
+    assert sorted(steps) == [1, 2]
+    ref = parse_steps(text)
+    for step in (1, 2):
+        assert {k: v for k, v in steps[step].items() if k in ref[step]} == ref[step]
+        # verl prints some values as numpy reprs, which parse_steps drops
+        assert "num_turns/mean" not in ref[step] and steps[step]["num_turns/mean"] == 2.0
+    rewards = reward_series(steps)
+    assert set(rewards) == {"length_constraints:number_words", "punctuation:no_comma",
+                            "keywords:letter_frequency", "change_case:capital_word_frequency"}
+    assert rewards["punctuation:no_comma"] == {1: 0.8333333333333334, 2: 0.8333333333333334}
+    assert rewards["keywords:letter_frequency"] == {1: 0.625, 2: 0.6875}
+
+
+def test_corrupt_step_lines_are_counted_and_skipped():
+    text = REAL_LOG.read_text()
+    step1 = next(line for line in text.splitlines() if " step:1 - " in line)
+    cut = step1.index("mrtpo/reward/punctuation") + len("mrtpo/rew")
+    bad = [
+        step1[:cut].replace(" step:1 - ", " step:3 - "),  # truncated inside a key
+        "step:4 - actor/pg_loss:0.1 - mrtpo/reward/a/mean:0.5(WorkerDict pid=7) WARNING interleaved",
+        "step:5 - ",
+        "step:6 - actor/pg_loss:np.float64(0.",  # cut inside a numpy repr
+    ]
+    steps, corrupt = parse_console_log(text + "\n".join(bad) + "\n")
+    assert corrupt == 4
+    assert sorted(steps) == [1, 2]
+
+
+def test_file_logger_jsonl_written_by_verl(tmp_path, monkeypatch):
+    import numpy as np
+    from verl.utils.tracking import FileLogger
+
+    path = tmp_path / "run.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = FileLogger("mrtpo", "exp")
+    for step, value in ((1, 0.5), (2, 0.75), (3, 0.9)):
+        logger.log({"mrtpo/reward/format/mean": np.float64(value), "actor/pg_loss": 0.1, "note": "text"}, step=step)
+    logger.finish()
+    with open(path, "a") as f:
+        f.write('{"step": 4, "data": {"mrtpo/reward/format/me')  # crashed mid-write
+    steps, corrupt, is_log = parse_file_logger(path.read_text())
+    assert is_log and corrupt == 1
+    assert reward_series(steps) == {"format": {1: 0.5, 2: 0.75, 3: 0.9}}
+    assert "note" not in steps[1]
+    # some other JSON-lines file (a rollout dump) is not a training log
+    assert parse_file_logger('{"input": "a", "output": "b", "score": 1.0, "step": 1}\n')[2] is False
+
+
+# ----------------------------------------------------------------------------------------- numbers, names
+
+
+def test_first_reach_threshold():
+    assert first_reach({1: 0.2, 2: 0.79, 3: 0.8, 4: 0.95}, 0.8) == 3  # reaching counts (>=)
+    assert first_reach({4: 0.9, 3: 0.85, 1: 0.1, 2: 0.5}, 0.8) == 3  # step order, not insertion order
+    assert first_reach({1: 0.1, 2: 0.79, 3: 0.5}, 0.8) is None  # never -> None, not 0
+    assert first_reach({1: float("nan"), 2: 0.81}, 0.8) == 2
+    assert first_reach({}, 0.8) is None
+
+
+def test_mean_spread_and_cells():
+    mean, std, n = mean_spread([0.60, 0.62, 0.64])
+    assert n == 3 and mean == pytest.approx(0.62) and std == pytest.approx(0.02)  # sample std (ddof 1)
+    assert format_cell(mean, std, n, 100.0) == "62.0 ± 2.0 (n=3)"
+    assert format_cell(*mean_spread([0.7]), 100.0) == "70.0"
+    assert format_cell(*mean_spread([]), 100.0) == "–"
+    assert format_cell(*mean_spread([12.0, 14.0, float("nan")]), 1.0) == "13 ± 1.414 (n=2)"
+
+
+def test_run_names_and_run_json(tmp_path):
+    assert parse_run_name("Qwen2.5-1.5B-Instruct_ifbench_mrtpo_seed2") == {
+        "model": "Qwen2.5-1.5B-Instruct", "task": "ifbench", "method": "mrtpo", "seed": 2}
+    assert parse_run_name("qwen_3_instruction_following_gdpo_seed0") == {
+        "model": "qwen_3", "task": "instruction_following", "method": "gdpo", "seed": 0}
+    assert parse_run_name("mrtpo_run") == {}
+    warnings = []
+    run = tmp_path / "Qwen_bfcl_gdpo_seed3" / "attempt"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"method": "mrtpo", "seed": "1"}))
+    meta = resolve_meta(run / "train.log", tmp_path, warnings)
+    assert meta == {"method": "mrtpo", "seed": 1, "model": "Qwen", "task": "bfcl"}  # run.json wins per field
+    (run / "run.json").write_text("{not json")
+    assert resolve_meta(run / "train.log", tmp_path, warnings)["method"] == "gdpo"
+    assert any("unreadable run.json" in w for w in warnings)
+    layout = tmp_path / "sweep" / "shuffle" / "seed4"
+    layout.mkdir(parents=True)
+    assert resolve_meta(layout / "x.log", tmp_path, []) == {"method": "shuffle", "seed": 4}
+
+
+# -------------------------------------------------------------------------------------------- the report
+
+
+@pytest.fixture()
+def runs_dir(tmp_path, console_line):
+    """Two real-log runs (gdpo, mrtpo seed 0), two synthetic ones, eval JSONs for several seeds."""
+    root = tmp_path / "runs"
+    for method in ("gdpo", "mrtpo"):
+        d = root / f"{MODEL}_ifbench_{method}_seed0"
+        d.mkdir(parents=True)
+        shutil.copy(REAL_LOG, d / "train.log")
+    s1 = root / "extra" / "mrtpo_s1"  # identified by run.json only
+    s1.mkdir(parents=True)
+    (s1 / "run.json").write_text(json.dumps({"method": "mrtpo", "task": "ifbench", "seed": 1, "model": MODEL}))
+    (s1 / "train.log").write_text(_synthetic_log(console_line, {
+        "punctuation:no_comma": [0.5, 0.7, 0.85, 0.9],  # crosses 0.8 at step 3
+        "keywords:letter_frequency": [0.1, 0.2, 0.3, 0.4],  # never
+    }, extra_lines=["step:5 - actor/pg_loss:0.1 - mrtpo/reward/punctuation:no_comma/mea"]))
+    (root / f"{MODEL}_ifbench_gdpo_seed1").mkdir()
+    (root / f"{MODEL}_ifbench_gdpo_seed1" / "train.log").write_text(_synthetic_log(console_line, {
+        "punctuation:no_comma": [0.3, 0.4, 0.5, 0.6], "keywords:letter_frequency": [0.2, 0.3, 0.3, 0.3]}))
+
+    ifeval = {("grpo", 0): 0.60, ("grpo", 1): 0.62, ("grpo", 2): 0.64, ("gdpo", 0): 0.655,
+              ("mrtpo", 0): 0.70, ("mrtpo", 1): 0.72}
+    bfcl = {("grpo", 0): 0.5, ("grpo", 1): 0.5, ("grpo", 2): 0.5, ("shuffle", 0): 0.4,
+            ("mrtpo", 0): 0.55, ("mrtpo", 1): 0.65}
+    for (method, seed), v in ifeval.items():
+        _eval_json(root / f"{MODEL}_ifbench_{method}_seed{seed}" / "eval" / "ifeval.json", "ifeval",
+                   {"prompt_level_strict": v, "inst_level_strict": v + 0.1, "by_instruction": {"x": {"strict": 1.0}}})
+    for (method, seed), v in bfcl.items():
+        _eval_json(root / f"{MODEL}_bfcl_{method}_seed{seed}" / "bfcl.json", "bfcl",
+                   {"ast_accuracy": v, "format_rate": 1.0, "ast_accuracy_category_mean": None})
+    (root / "notes.json").write_text(json.dumps({"unrelated": 1}))  # ignored
+    return root
+
+
+def _table_cells(md: str) -> tuple[list[str], dict[str, list[str]]]:
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    split = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    return split[0], {r[0]: r[1:] for r in split[1:]}
+
+
+def test_report_table_threshold_and_pngs(runs_dir):
+    summary = build_report(runs_dir)
+    out = runs_dir / "report"
+
+    header, rows = _table_cells((out / "table.md").read_text())
+    assert header == ["method", "IFEval prompt-strict", "BFCL AST acc"]
+    assert list(rows) == ["grpo", "gdpo", "shuffle", "mrtpo"]  # the paper's order, absent methods left out
+    assert rows["grpo"] == ["62.0 ± 2.0 (n=3)", "50.0 ± 0.0 (n=3)"]
+    assert rows["gdpo"] == ["65.5", "–"]
+    assert rows["shuffle"] == ["–", "40.0"]
+    assert rows["mrtpo"] == ["71.0 ± 1.4 (n=2)", "60.0 ± 7.1 (n=2)"]
+    cell = next(c for c in summary["table"] if c["method"] == "mrtpo" and c["task"] == "bfcl")
+    assert cell["metric"] == "ast_accuracy" and cell["seeds"] == [0, 1] and cell["n"] == 2
+    assert cell["std"] == pytest.approx(math.sqrt(2 * 0.05 ** 2))
+
+    runs = {(r["method"], r["seed"]): r for r in summary["runs"]}
+    assert set(runs) == {("gdpo", 0), ("gdpo", 1), ("mrtpo", 0), ("mrtpo", 1)}
+    assert runs[("mrtpo", 1)]["corrupt_lines"] == 1 and runs[("mrtpo", 1)]["steps"] == 4
+    assert summary["corrupt_lines"] == 1
+    assert any("1 corrupt" in w and "mrtpo_s1" in w for w in summary["warnings"])
+
+    reach = summary["threshold_steps"][MODEL]["ifbench"]
+    punct = reach["punctuation:no_comma"]
+    assert punct["mrtpo"]["per_run"] == {"0": 1, "1": 3}  # real log: 0.833 at step 1; synthetic: step 3
+    assert punct["mrtpo"]["mean_step"] == 2.0 and punct["mrtpo"]["n_reached"] == 2
+    assert punct["gdpo"]["per_run"] == {"0": 1, "1": None} and punct["gdpo"]["mean_step"] == 1.0
+    kw = reach["keywords:letter_frequency"]
+    assert kw["mrtpo"]["mean_step"] is None and kw["mrtpo"]["not_reached"] == ["0", "1"]
+    assert kw["mrtpo"]["n_reached"] == 0 and kw["mrtpo"]["n_runs"] == 2
+    # a reward only the real log has: one run per method
+    assert reach["change_case:capital_word_frequency"]["gdpo"]["n_runs"] == 1
+
+    curve = summary["curves"][MODEL]["ifbench"]["punctuation:no_comma"]["mrtpo"]
+    assert curve["steps"] == [1, 2, 3, 4] and curve["n"] == [2, 2, 1, 1]
+    assert curve["mean"][0] == pytest.approx((0.8333333333333334 + 0.5) / 2)
+    assert curve["std"][2] is None
+
+    pngs = [f for f in summary["files"] if f.endswith(".png")]
+    assert sorted(pngs) == [f"curves__{MODEL}__ifbench.png", f"threshold__{MODEL}__ifbench.png"]
+    from matplotlib.image import imread
+
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000
+        image = imread(out / name)
+        assert image.shape[0] > 300 and image.shape[1] > 400
+        assert image[..., :3].std() > 0.05  # not a blank canvas
+
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["threshold_steps"] == summary["threshold_steps"] and on_disk["table"][0]["n"] == 3
+
+
+def test_report_again_ignores_its_own_output_and_metric_override(runs_dir, tmp_path):
+    build_report(runs_dir)
+    summary = build_report(runs_dir, metric_overrides={"ifeval": [("inst-strict", "inst_level_strict")]})
+    assert len(summary["evals"]) == 12  # summary.json of the first report was not read as an eval
+    header, rows = _table_cells((runs_dir / "report" / "table.md").read_text())
+    assert header == ["method", "IFEval inst-strict", "BFCL AST acc"]
+    assert rows["grpo"][0] == "72.0 ± 2.0 (n=3)"
+
+
+def test_unknown_method_is_warned_and_skipped(tmp_path):
+    (tmp_path / "misc").mkdir()
+    shutil.copy(REAL_LOG, tmp_path / "misc" / "train.log")
+    _eval_json(tmp_path / f"{MODEL}_ifeval_mrtpo_seed0" / "e.json", "ifeval", {"prompt_level_strict": 0.5})
+    summary = build_report(tmp_path, tmp_path / "out")
+    assert summary["runs"] == [] and len(summary["evals"]) == 1
+    assert any("misc/train.log" in w and "unknown method" in w for w in summary["warnings"])
+    assert not [f for f in summary["files"] if f.endswith(".png")]
+
+
+def test_cli(runs_dir, tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    assert "no training logs" in capsys.readouterr().err
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report.build", str(runs_dir), "--out",
+                           str(tmp_path / "rep"), "--threshold", "0.85", "--rewards", "punctuation"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stderr
+    assert "| mrtpo | 71.0 ± 1.4 (n=2) | 60.0 ± 7.1 (n=2) |" in proc.stdout
+    assert "corrupt/truncated step line" in proc.stderr
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["threshold"] == 0.85
+    assert list(summary["threshold_steps"][MODEL]["ifbench"]) == ["punctuation:no_comma"]
+    assert summary["threshold_steps"][MODEL]["ifbench"]["punctuation:no_comma"]["mrtpo"]["per_run"] == {
+        "0": None, "1": 3}
+
+
+def test_linked_run_folders_are_followed_once(tmp_path):
+    outside = tmp_path / "disk2" / f"{MODEL}_ifbench_MRTPO_seed0"
+    _eval_json(outside / "ifeval.json", "ifeval", {"prompt_level_strict": 0.5})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "linked").symlink_to(tmp_path / "disk2", target_is_directory=True)
+    (runs / "loop").symlink_to(runs, target_is_directory=True)
+    summary = build_report(runs)
+    assert [(e["method"], e["seed"], e["eval_task"]) for e in summary["evals"]] == [("mrtpo", 0, "ifeval")]
