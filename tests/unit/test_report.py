@@ -1,6 +1,5 @@
-"""Tests of ``python -m recipe.mrtpo.tools.report``: log parsing (a real console log of the recipe, verl's own
-console and file loggers), run identification, the table's numbers, the threshold logic, the PNGs, and
-robustness to corrupt lines.
+"""Tests of ``python -m recipe.mrtpo.tools.report``: run identification, the table's numbers, the threshold
+logic, the PNGs, and robustness to corrupt lines (the log parsing itself: ``tests/unit/test_verl_log.py``).
 
 The real log (``tests/data/report_logs/mrtpo_run.log``) is the tail of a 2-step MRTPO run on CPU, cut to
 its ``step:`` lines and the lines around them; its rewards are IF constraint ids such as
@@ -17,15 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo.cpu.launcher import parse_steps
 from recipe.mrtpo.tools.report.build import (
     build_report,
     first_reach,
     format_cell,
     main,
     mean_spread,
-    parse_console_log,
-    parse_file_logger,
     parse_run_name,
     resolve_meta,
     reward_series,
@@ -62,61 +58,6 @@ def _eval_json(path: Path, task: str, metrics: dict) -> None:
     path.write_text(json.dumps({"task": task, "model": "/ckpt/global_step_100/actor/huggingface", "n": 50,
                                 "metrics": {"n_responses": 50, **metrics}, "config": {"temperature": 0.0},
                                 "items": [{"id": "a", "response": "x", "scores": {}}]}))
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-
-
-def test_real_log_parses_like_parse_steps_plus_numpy_values():
-    text = REAL_LOG.read_text()
-    steps, corrupt = parse_console_log(text)
-    assert corrupt == 0
-    assert sorted(steps) == [1, 2]
-    ref = parse_steps(text)
-    for step in (1, 2):
-        assert {k: v for k, v in steps[step].items() if k in ref[step]} == ref[step]
-        # verl prints some values as numpy reprs, which parse_steps drops
-        assert "num_turns/mean" not in ref[step] and steps[step]["num_turns/mean"] == 2.0
-    rewards = reward_series(steps)
-    assert set(rewards) == {"length_constraints:number_words", "punctuation:no_comma",
-                            "keywords:letter_frequency", "change_case:capital_word_frequency"}
-    assert rewards["punctuation:no_comma"] == {1: 0.8333333333333334, 2: 0.8333333333333334}
-    assert rewards["keywords:letter_frequency"] == {1: 0.625, 2: 0.6875}
-
-
-def test_corrupt_step_lines_are_counted_and_skipped():
-    text = REAL_LOG.read_text()
-    step1 = next(line for line in text.splitlines() if " step:1 - " in line)
-    cut = step1.index("mrtpo/reward/punctuation") + len("mrtpo/rew")
-    bad = [
-        step1[:cut].replace(" step:1 - ", " step:3 - "),  # truncated inside a key
-        "step:4 - actor/pg_loss:0.1 - mrtpo/reward/a/mean:0.5(WorkerDict pid=7) WARNING interleaved",
-        "step:5 - ",
-        "step:6 - actor/pg_loss:np.float64(0.",  # cut inside a numpy repr
-    ]
-    steps, corrupt = parse_console_log(text + "\n".join(bad) + "\n")
-    assert corrupt == 4
-    assert sorted(steps) == [1, 2]
-
-
-def test_file_logger_jsonl_written_by_verl(tmp_path, monkeypatch):
-    import numpy as np
-    from verl.utils.tracking import FileLogger
-
-    path = tmp_path / "run.jsonl"
-    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
-    logger = FileLogger("mrtpo", "exp")
-    for step, value in ((1, 0.5), (2, 0.75), (3, 0.9)):
-        logger.log({"mrtpo/reward/format/mean": np.float64(value), "actor/pg_loss": 0.1, "note": "text"}, step=step)
-    logger.finish()
-    with open(path, "a") as f:
-        f.write('{"step": 4, "data": {"mrtpo/reward/format/me')  # crashed mid-write
-    steps, corrupt, is_log = parse_file_logger(path.read_text())
-    assert is_log and corrupt == 1
-    assert reward_series(steps) == {"format": {1: 0.5, 2: 0.75, 3: 0.9}}
-    assert "note" not in steps[1]
-    # some other JSON-lines file (a rollout dump) is not a training log
-    assert parse_file_logger('{"input": "a", "output": "b", "score": 1.0, "step": 1}\n')[2] is False
 
 
 # ----------------------------------------------------------------------------------------- numbers, names

@@ -5,13 +5,13 @@ Used by the end-to-end tests and the CPU quickstart. :func:`run_cpu` starts ``py
 of its own and with a unique marker in its environment; it streams the log, samples the tree's memory,
 enforces a hard timeout, and afterwards kills every process that carries the marker (Ray's cluster, its
 actors and vLLM's processes outlive the driver otherwise: a crash inside a vLLM worker can hang a run
-instead of failing it). The console logger's ``step:N - key:value`` lines are parsed into metrics.
+instead of failing it). The console logger's ``step:N - key:value`` lines are parsed into metrics by
+:func:`recipe.mrtpo.tools.verl_log.parse_steps`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from recipe.mrtpo.cpu.runtime import cpu_env, cpu_overrides
+from recipe.mrtpo.tools.verl_log import STEP_LINE, parse_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MARKER = "MRTPO_E2E_RUN_ID"
-STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
 
 
 def _marked_pids(marker_value: str) -> list[int]:
@@ -119,25 +119,6 @@ class TreeMemorySampler(threading.Thread):
     def stop(self):
         self._halt.set()
         self.join(timeout=5)
-
-
-def parse_steps(log_text: str) -> dict[int, dict[str, float]]:
-    """The console logger's ``step:N - key:value - ...`` lines (verl ``utils/logger/aggregate_logger.py``)."""
-    steps = {}
-    for line in log_text.splitlines():
-        m = STEP_LINE.search(line)
-        if not m:
-            continue
-        metrics = {}
-        for part in m.group(2).split(" - "):
-            key, sep, value = part.rpartition(":")
-            if sep:
-                try:
-                    metrics[key.strip()] = float(value)
-                except ValueError:
-                    pass
-        steps[int(m.group(1))] = metrics
-    return steps
 
 
 def tiny_run_overrides(model: Path, data: Path, out: Path, estimator: str = "mrtpo", steps: int = 3, lr: float = 1e-3) -> list[str]:

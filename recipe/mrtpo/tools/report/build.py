@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from recipe.mrtpo.cpu.launcher import STEP_LINE, parse_steps
+from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger
 
 #: Row order of the paper's table; other methods follow alphabetically.
 METHOD_ORDER = ("base", "grpo", "gdpo", "cort", "shuffle", "mrtpo")
@@ -112,86 +112,12 @@ RUN_NAME = re.compile(
     r"_(?P<method>[^_]+)_seed(?P<seed>\d+)$"
 )
 _SEED_DIR = re.compile(r"^seed[_-]?(\d+)$")
-_STEP_START = re.compile(r"\bstep:(\d+)(?: -|$)")  # what a step line, even a cut one, starts with
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_NP_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool_?)\w*\((.*)\)$")
 _SKIP_DIRS = re.compile(r"^(checkpoints|global_step_\d+|__pycache__|\.git|node_modules|\..*)$")
 LOG_SUFFIXES = (".log", ".out", ".txt")
 UNKNOWN = "?"
 
 
 # ----------------------------------------------------------------------------------------------- parsing
-
-
-def _parse_value(text: str) -> Optional[float]:
-    """A console-logger value (``pprint.pformat`` of a number): ``0.5``, ``nan``, ``True``,
-    ``np.float64(2.0)``, ``np.int32(2)``; ``None`` if it is none of these."""
-    text = text.strip()
-    m = _NP_SCALAR.match(text)
-    if m:
-        text = m.group(1).strip()
-    if text in ("True", "False"):
-        return float(text == "True")
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_console_log(text: str) -> tuple[dict[int, dict[str, float]], int]:
-    """verl's console-logger lines -> (``{step: {metric: value}}``, number of corrupt step lines).
-
-    Metrics come from :func:`recipe.mrtpo.cpu.launcher.parse_steps`, plus the numpy-scalar values it drops
-    (verl prints ``np.float64(2.0)`` for some). A step line with any part that is not ``key:value`` with
-    a numeric value (cut off, or interleaved with another process's output) is skipped whole and counted.
-    A line cut inside its last number cannot be told from a complete one. A later line for the same
-    step replaces an earlier one (a resumed run re-logging a step)."""
-    steps: dict[int, dict[str, float]] = {}
-    corrupt = 0
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw).rstrip()
-        m = STEP_LINE.search(line)
-        if not m:
-            corrupt += bool(_STEP_START.search(line))  # "step:5" or "step:5 -" alone: cut off
-            continue
-        extra, ok = {}, bool(m.group(2).strip())
-        for part in m.group(2).split(" - "):
-            key, sep, value = part.rpartition(":")
-            num = _parse_value(value) if sep and key.strip() else None
-            if num is None:
-                ok = False
-                break
-            extra[key.strip()] = num
-        if not ok:
-            corrupt += 1
-            continue
-        step = int(m.group(1))
-        metrics = parse_steps(line[m.start():]).get(step, {})
-        metrics.update({k: v for k, v in extra.items() if k not in metrics})
-        steps[step] = metrics
-    return steps, corrupt
-
-
-def parse_file_logger(text: str) -> tuple[dict[int, dict[str, float]], int, bool]:
-    """verl's ``file`` logger JSON lines (``{"step": N, "data": {...}}``) -> (steps, corrupt lines,
-    whether the text is such a log at all: at least one valid record). Non-numeric values are dropped."""
-    steps: dict[int, dict[str, float]] = {}
-    corrupt = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            step, data = rec["step"], rec["data"]
-            if not isinstance(data, dict) or isinstance(step, bool) or int(step) != step:
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
-            corrupt += 1
-            continue
-        steps[int(step)] = {
-            k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-    return steps, corrupt, bool(steps)
 
 
 def first_reach(series: dict[int, float], threshold: float) -> Optional[int]:
