@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.mrtpo.tools.viz import render as viz
 from recipe.mrtpo.core.advantage import relevance_weights
+from recipe.mrtpo.dump import DumpError, load_dump
+from recipe.mrtpo.tools.viz import render as viz
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "relevance_dump.pt"
 VOID = {"meta", "br", "input", "img", "link", "hr", "wbr", "source", "area", "base", "col", "embed", "param", "track"}
@@ -30,7 +31,7 @@ HOSTILE_TOKEN = "<script>alert(1)</script>"
 # A small DOM from the stdlib parser
 # ----------------------------------------------------------------------------------------------
 class Node:
-    def __init__(self, tag: str, attrs: dict, parent: "Node | None"):
+    def __init__(self, tag: str, attrs: dict, parent: Node | None):
         self.tag, self.attrs, self.parent, self.children = tag, attrs, parent, []
 
     @property
@@ -40,7 +41,7 @@ class Node:
     def text(self) -> str:
         return "".join(c if isinstance(c, str) else c.text() for c in self.children)
 
-    def find_all(self, pred) -> list["Node"]:
+    def find_all(self, pred) -> list[Node]:
         out = []
         for c in self.children:
             if isinstance(c, Node):
@@ -49,7 +50,7 @@ class Node:
                 out.extend(c.find_all(pred))
         return out
 
-    def by_class(self, cls: str) -> list["Node"]:
+    def by_class(self, cls: str) -> list[Node]:
         return self.find_all(lambda n: cls in n.classes)
 
 
@@ -326,15 +327,15 @@ def test_no_replay_step_renders_every_row_uniform():
 def test_bad_dumps_give_clear_errors():
     raw = hostile_dump()
     raw["relevance"] = torch.zeros(2, 2, 3)
-    with pytest.raises(viz.DumpError, match="relevance must be"):
+    with pytest.raises(DumpError, match="relevance must be"):
         viz.normalise_dump(raw)
     raw = hostile_dump()
     del raw["scores"]
-    with pytest.raises(viz.DumpError, match="no 'scores'"):
+    with pytest.raises(DumpError, match="no 'scores'"):
         viz.normalise_dump(raw)
     raw = hostile_dump()
     raw["beta"] = 2.0
-    with pytest.raises(viz.DumpError, match="beta"):
+    with pytest.raises(DumpError, match="beta"):
         viz.normalise_dump(raw)
 
 
@@ -345,19 +346,19 @@ def test_folder_gives_latest_or_chosen_step(tmp_path, sample_raw):
     for s in (1, 10, 3):
         torch.save(dict(sample_raw, step=s), tmp_path / f"step_{s:06d}.pt")
     (tmp_path / "notes.txt").write_text("not a dump")
-    raw, f = viz.load_dump(tmp_path)
+    raw, f = load_dump(tmp_path)
     assert raw["step"] == 10 and f.name == "step_000010.pt"
-    raw, f = viz.load_dump(tmp_path, step=3)
+    raw, f = load_dump(tmp_path, step=3)
     assert raw["step"] == 3
-    with pytest.raises(viz.DumpError, match="available steps: 1, 3, 10"):
-        viz.load_dump(tmp_path, step=5)
+    with pytest.raises(DumpError, match="available steps: 1, 3, 10"):
+        load_dump(tmp_path, step=5)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(viz.DumpError, match="no step_XXXXXX.pt"):
-        viz.load_dump(empty)
+    with pytest.raises(DumpError, match="no step_XXXXXX.pt"):
+        load_dump(empty)
     (tmp_path / "bad.pt").write_text("garbage")
-    with pytest.raises(viz.DumpError, match="cannot read"):
-        viz.load_dump(tmp_path / "bad.pt")
+    with pytest.raises(DumpError, match="cannot read"):
+        load_dump(tmp_path / "bad.pt")
 
 
 def test_cli_writes_the_page(tmp_path, capsys):

@@ -24,7 +24,6 @@ from recipe.mrtpo.tools.report.build import (
     mean_spread,
     parse_run_name,
     resolve_meta,
-    reward_series,
 )
 
 REPO = Path(__file__).resolve().parents[2]

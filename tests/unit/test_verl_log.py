@@ -75,9 +75,8 @@ def test_real_log_parses_like_parse_steps_plus_numpy_values():
 
 
 def test_verl_console_formatter_with_ray_prefix_and_colours():
-    from verl.utils.logger.aggregate_logger import concat_dict_to_str
-
     import numpy as np
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
 
     data = {"actor/pg_loss": 0.01, "mrtpo/reward/format/mean": np.float64(0.75), "flag": True}
     line = "\x1b[36m(MRTPOTaskRunner pid=1)\x1b[0m " + concat_dict_to_str(data, step=4) + "\x1b[0m"

@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 from recipe.mrtpo.cpu.runtime import cpu_env, cpu_overrides
 from recipe.mrtpo.tools.verl_log import STEP_LINE, parse_steps

@@ -57,9 +57,10 @@ import json
 import math
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger
 

@@ -25,18 +25,18 @@ import argparse
 import html
 import json
 import math
-import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
 from recipe.mrtpo.core.advantage import QBAR_FLOOR, relevance_weights
+from recipe.mrtpo.dump import DumpError, as_tensor, check_dump, load_dump
 
-DUMP_NAME = re.compile(r"^step_(\d+)\.pt$")
 TOKEN_MODES = ("auto", "bytelevel", "text")
 Q_RGB = (230, 85, 13)  # relevance shade (orange)
 POS_RGB = (44, 160, 44)  # positive advantage (green)
@@ -45,49 +45,6 @@ UNIFORM_NOTE = "uniform (not replayed)"
 MASKED_NOTE = "masked (not trained)"
 ADV_ZERO = 1e-6  # |advantage| below this is shown as 0
 ALPHA_MAX = 0.8  # opacity of the strongest token (text stays readable on it)
-
-
-class DumpError(ValueError):
-    """The dump cannot be found, read or understood; the message says why."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------
-def find_dump(path: str | Path, step: Optional[int] = None) -> Path:
-    """The dump file to render: ``path`` itself, or in a folder the latest ``step_*.pt`` (or step ``step``)."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    if not p.is_dir():
-        raise DumpError(f"no such dump file or folder: {p}")
-    found = {}
-    for f in p.iterdir():
-        m = DUMP_NAME.match(f.name)
-        if m and f.is_file():
-            found[int(m.group(1))] = f
-    if not found:
-        raise DumpError(f"no step_XXXXXX.pt dumps in {p} (is mrtpo.dump.every_n_steps > 0?)")
-    if step is None:
-        return found[max(found)]
-    if step not in found:
-        steps = ", ".join(str(s) for s in sorted(found))
-        raise DumpError(f"no dump for step {step} in {p}; available steps: {steps}")
-    return found[step]
-
-
-def load_dump(path: str | Path, step: Optional[int] = None) -> tuple[dict, Path]:
-    """``torch.load`` (``weights_only=True``: tensors, lists, dicts, numbers, strings) of the chosen dump."""
-    f = find_dump(path, step)
-    try:
-        raw = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a DumpError with its cause
-        raise DumpError(f"cannot read {f} as a relevance dump: {type(e).__name__}: {e}") from e
-    if not isinstance(raw, dict):
-        raise DumpError(f"{f} holds a {type(raw).__name__}, not the trainer's dump dict")
-    if step is not None and raw.get("step") is not None and int(raw["step"]) != int(step):
-        raise DumpError(f"{f} is the dump of step {raw['step']}, not step {step}")
-    return raw, f
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,13 +144,6 @@ class Dump:
     notes: list[str] = field(default_factory=list)
 
 
-def _tensor(x: Any, name: str, dtype: torch.dtype) -> torch.Tensor:
-    try:
-        return torch.as_tensor(x).to(dtype).cpu()
-    except Exception as e:  # noqa: BLE001
-        raise DumpError(f"dump field {name!r} is not a tensor: {type(e).__name__}: {e}") from e
-
-
 def resolve_rho(raw: dict, override: Any = "dump") -> Optional[float]:
     """rho of the RMS constraint: ``override`` (a number, or None = disabled) if given, else the dump's
     ``max_realloc_rms`` (None = disabled), else metric ``mrtpo/max_realloc_rms``, else 1.0 (the default)."""
@@ -212,41 +162,18 @@ def normalise_dump(raw: dict, source: str = "", rho: Any = "dump", tokens: str =
     """Check a raw dump dict and fill what is optional; raises :class:`DumpError` with the reason."""
     if tokens not in TOKEN_MODES:
         raise DumpError(f"tokens must be one of {TOKEN_MODES}, got {tokens!r}")
-    for key in ("reward_names", "scores", "response_mask"):
-        if key not in raw:
-            raise DumpError(f"dump has no {key!r} (keys: {sorted(map(str, raw))})")
+    checked = check_dump(raw)
     names = [sanitize_text(n) for n in raw["reward_names"]]
-    scores = _tensor(raw["scores"], "scores", torch.float32)
-    mask = _tensor(raw["response_mask"], "response_mask", torch.float32) > 0
-    if scores.dim() != 2 or scores.shape[1] != len(names):
-        raise DumpError(f"scores must be [n, K={len(names)}], got {tuple(scores.shape)}")
-    n = scores.shape[0]
-    if mask.dim() != 2 or mask.shape[0] != n:
-        raise DumpError(f"response_mask must be [n={n}, T], got {tuple(mask.shape)}")
-    T = mask.shape[1]
-    K = len(names)
-
-    replayed = raw.get("replayed")
-    replayed = torch.zeros(n, K, dtype=torch.bool) if replayed is None else _tensor(replayed, "replayed", torch.bool)
-    if tuple(replayed.shape) != (n, K):
-        raise DumpError(f"replayed must be [n, K] = {(n, K)}, got {tuple(replayed.shape)}")
-    relevance = raw.get("relevance")
-    if relevance is not None:
-        relevance = _tensor(relevance, "relevance", torch.float32)
-        if tuple(relevance.shape) != (n, K, T):
-            raise DumpError(f"relevance must be [n, K, T] = {(n, K, T)}, got {tuple(relevance.shape)}")
-    advantages = raw.get("advantages")
-    if advantages is not None:
-        advantages = _tensor(advantages, "advantages", torch.float32)
-        if tuple(advantages.shape) != (n, T):
-            raise DumpError(f"advantages must be [n, T] = {(n, T)}, got {tuple(advantages.shape)}")
+    scores, mask, replayed = checked["scores"], checked["mask"], checked["replayed"]
+    relevance, advantages = checked["relevance"], checked["advantages"]
+    n, T = mask.shape
 
     raw_tokens = raw.get("response_tokens")
     if raw_tokens is None:
         ids = raw.get("response_ids")
         if ids is None:
             raise DumpError("dump has neither 'response_tokens' nor 'response_ids'")
-        ids = _tensor(ids, "response_ids", torch.long)
+        ids = as_tensor(ids, "response_ids", torch.long)
         raw_tokens = [[f"⟨{int(t)}⟩" for t in row.tolist()] for row in ids]
         tokens = "text"
     if len(raw_tokens) != n:
