@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo.tools.report.build import (
-    build_report,
-    first_reach,
-    format_cell,
-    main,
-    mean_spread,
-    parse_run_name,
-    resolve_meta,
-)
+from recipe.mrtpo.tools.report.build import build_report, main
+from recipe.mrtpo.tools.report.discovery import parse_run_name, resolve_meta
+from recipe.mrtpo.tools.report.series import first_reach, mean_spread
+from recipe.mrtpo.tools.report.table import format_cell
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_LOG = Path(__file__).resolve().parents[1] / "data" / "report_logs" / "mrtpo_run.log"

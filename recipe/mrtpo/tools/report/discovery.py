@@ -1,0 +1,230 @@
+"""Discovery: every training log and eval JSON under a runs folder, grouped into runs.
+
+What is read (recursively; ``checkpoints/``, ``global_step_*/`` and the output folder are skipped):
+
+- training logs: verl's console logger (``trainer.logger=[console,...]``): ``*.log``, ``*.out``,
+  ``*.txt`` files with ``step:N - key:value - ...`` lines (Ray's ``(Actor pid=..)`` prefixes and ANSI
+  colours are fine). A step line that does not parse completely (a truncated or interleaved line) is
+  skipped and counted in a warning. verl's ``file`` logger (``trainer.logger=[console,file]``) writes
+  JSON lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``, or by default
+  ``$VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl`` (root: the working directory):
+  copy or point it into the run's folder; ``*.jsonl`` files of that shape are read too.
+- eval results: ``*.json`` files written by ``python -m recipe.mrtpo.tools.eval``
+  (``{"task", "model", "n", "metrics": {...}, "config": {...}, "items": [...]}``); other JSON files
+  are ignored.
+
+Which run a file belongs to (model, training task, method, seed), first source that has the field:
+
+1. ``run.json`` in the file's folder or any folder above it up to RUNS_DIR (the nearest wins), e.g.
+   ``{"method": "mrtpo", "task": "ifbench", "seed": 0, "model": "Qwen2.5-1.5B-Instruct"}``;
+2. a name ``<model>_<task>_<method>_seed<k>``: the file's own name (without suffix), then its folders
+   from the nearest up (``task`` may contain underscores if it is a known task name such as
+   ``instruction_following``);
+3. single path components: a folder named exactly like a known method (``mrtpo``) or ``seed<k>``;
+4. for eval files, ``"model"`` inside the JSON.
+
+The eval JSON's own ``"task"`` is the evaluated benchmark (the table's column); ``run.json``'s ``task``
+is the training task (it groups the plots). Method names are lower-cased. A file whose method cannot
+be told is skipped with a warning. Files of the same (model, task, method, seed) are one run (e.g. a
+resumed run's two logs; a later file's value wins for a step both have).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from recipe.mrtpo.tools.report.names import METHOD_ORDER, TASK_ORDER, UNKNOWN
+from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger
+
+RUN_NAME = re.compile(
+    r"^(?P<model>.+?)_(?P<task>" + "|".join(sorted(TASK_ORDER, key=len, reverse=True)) + r"|[^_]+)"
+    r"_(?P<method>[^_]+)_seed(?P<seed>\d+)$"
+)
+_SEED_DIR = re.compile(r"^seed[_-]?(\d+)$")
+_SKIP_DIRS = re.compile(r"^(checkpoints|global_step_\d+|__pycache__|\.git|node_modules|\..*)$")
+LOG_SUFFIXES = (".log", ".out", ".txt")
+
+
+def parse_run_name(name: str) -> dict:
+    """``<model>_<task>_<method>_seed<k>`` -> ``{"model", "task", "method", "seed"}``; ``{}`` otherwise."""
+    m = RUN_NAME.match(name)
+    if not m:
+        return {}
+    return {"model": m["model"], "task": m["task"], "method": m["method"], "seed": int(m["seed"])}
+
+
+def _norm_seed(seed):
+    if isinstance(seed, str) and seed.strip().isdigit():
+        return int(seed)
+    return seed
+
+
+def resolve_meta(path: Path, root: Path, warnings: list[str]) -> dict:
+    """Model / task / method / seed of a file under ``root`` (the module docstring's rules 1-3)."""
+    meta: dict = {}
+    folders = [path.parent, *path.parent.parents]
+    folders = folders[: folders.index(root) + 1] if root in folders else [path.parent]
+    for folder in folders:  # 1. run.json, nearest first
+        rj = folder / "run.json"
+        if rj.is_file():
+            try:
+                data = json.loads(rj.read_text())
+                if not isinstance(data, dict):
+                    raise ValueError("not an object")
+            except (ValueError, OSError) as e:
+                msg = f"{rj}: unreadable run.json ({e}); ignored"
+                if msg not in warnings:
+                    warnings.append(msg)
+                continue
+            for k in ("model", "task", "method", "seed"):
+                if data.get(k) is not None:
+                    meta.setdefault(k, _norm_seed(data[k]) if k == "seed" else str(data[k]))
+    for name in [path.stem] + [f.name for f in folders]:  # 2. <model>_<task>_<method>_seed<k>
+        for k, v in parse_run_name(name).items():
+            meta.setdefault(k, v)
+    for name in [f.name for f in folders]:  # 3. single components
+        if name in METHOD_ORDER:
+            meta.setdefault("method", name)
+        m = _SEED_DIR.match(name)
+        if m:
+            meta.setdefault("seed", int(m.group(1)))
+    if "method" in meta:
+        meta["method"] = meta["method"].lower()
+    return meta
+
+
+@dataclass
+class TrainRun:
+    """One training run: its identity, the merged steps of its log files and how many lines were bad."""
+
+    model: str
+    task: str
+    method: str
+    seed: object  # int, or the run folder's relative path when no seed is known
+    sources: list = field(default_factory=list)
+    steps: dict = field(default_factory=dict)
+    corrupt_lines: int = 0
+
+
+@dataclass
+class EvalResult:
+    """One eval JSON, with the run it belongs to."""
+
+    model: str
+    train_task: str
+    method: str
+    seed: object
+    eval_task: str
+    metrics: dict  # flattened: "a/b" for nested dicts, numbers only
+    headline: Optional[list]
+    path: str
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+    return out
+
+
+def _walk(root: Path, skip: Optional[Path]) -> list[Path]:
+    """Files under ``root``, following folder links once each, without :data:`_SKIP_DIRS` and ``skip``."""
+    files, seen = [], {root.resolve()}
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir():
+                real = entry.resolve()
+                if _SKIP_DIRS.match(entry.name) or real == skip or real in seen:
+                    continue
+                seen.add(real)
+                stack.append(entry)
+            elif entry.is_file():
+                files.append(entry)
+    return sorted(files)
+
+
+def _seed_or_path(meta: dict, path: Path, root: Path):
+    if meta.get("seed") is not None:
+        return meta["seed"]
+    return str(path.parent.relative_to(root)) or "."
+
+
+def discover(root: Path, skip: Optional[Path], warnings: list[str]) -> tuple[list[TrainRun], list[EvalResult]]:
+    """Every training log and eval JSON under ``root`` (except under ``skip``), grouped into runs."""
+    runs: dict[tuple, TrainRun] = {}
+    evals: dict[tuple, EvalResult] = {}
+    for path in _walk(root, skip):
+        suffix = path.suffix.lower()
+        rel = str(path.relative_to(root))
+        if suffix in LOG_SUFFIXES or suffix == ".jsonl":
+            try:
+                text = path.read_text(errors="replace")
+            except OSError as e:
+                warnings.append(f"{rel}: unreadable ({e}); skipped")
+                continue
+            if suffix == ".jsonl":
+                steps, corrupt, is_log = parse_file_logger(text)
+                if not is_log:
+                    continue  # some other JSON-lines file (e.g. rollout dumps)
+            else:
+                steps, corrupt = parse_console_log(text)
+                if not steps and not corrupt:
+                    continue
+            meta = resolve_meta(path, root, warnings)
+            if corrupt:
+                warnings.append(f"{rel}: {corrupt} corrupt/truncated step line(s) skipped")
+            if "method" not in meta:
+                warnings.append(f"{rel}: training log of unknown method (no run.json, name not "
+                                f"<model>_<task>_<method>_seed<k>); skipped")
+                continue
+            key = (meta.get("model", UNKNOWN), meta.get("task", UNKNOWN), meta["method"],
+                   _seed_or_path(meta, path, root))
+            run = runs.setdefault(key, TrainRun(*key))
+            run.sources.append(rel)
+            run.corrupt_lines += corrupt
+            for step, metrics in steps.items():
+                run.steps.setdefault(step, {}).update(metrics)
+        elif suffix == ".json" and path.name != "run.json":
+            try:
+                data = json.loads(path.read_text(errors="replace"))
+            except (ValueError, OSError) as e:
+                warnings.append(f"{rel}: not valid JSON ({str(e)[:80]}); skipped")
+                continue
+            if not (isinstance(data, dict) and isinstance(data.get("metrics"), dict)):
+                continue  # not an eval result
+            if not isinstance(data.get("task"), str):
+                warnings.append(f"{rel}: eval JSON without a \"task\"; skipped")
+                continue
+            meta = resolve_meta(path, root, warnings)
+            if "method" not in meta:
+                warnings.append(f"{rel}: eval result of unknown method (no run.json, name not "
+                                f"<model>_<task>_<method>_seed<k>); skipped")
+                continue
+            model = meta.get("model") or (str(data["model"]) if data.get("model") else UNKNOWN)
+            headline = data.get("headline")
+            result = EvalResult(
+                model=model, train_task=meta.get("task", UNKNOWN), method=meta["method"],
+                seed=_seed_or_path(meta, path, root), eval_task=data["task"],
+                metrics=_flatten(data["metrics"]),
+                headline=[str(h) for h in headline] if isinstance(headline, list) else None, path=rel,
+            )
+            key = (result.model, result.method, result.eval_task, result.train_task, result.seed)
+            if key in evals:
+                warnings.append(f"{rel}: second eval of {result.eval_task} for the same run as "
+                                f"{evals[key].path}; using {rel}")
+            evals[key] = result
+    return list(runs.values()), list(evals.values())

@@ -1,0 +1,36 @@
+"""The methods and tasks the report knows: their order in tables and plots and the tasks' display names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+#: Row order of the paper's table; other methods follow alphabetically.
+METHOD_ORDER = ("base", "grpo", "gdpo", "cort", "shuffle", "mrtpo")
+
+#: Column order and display names of the evaluated tasks; others follow alphabetically.
+TASK_ORDER = ("ifbench", "ifeval", "instruction_following", "spider", "bird", "chinook", "text_to_sql",
+              "bfcl", "tool_calling")
+TASK_LABELS = {
+    "ifbench": "IFBench",
+    "ifeval": "IFEval",
+    "instruction_following": "IF",
+    "spider": "Spider",
+    "bird": "BIRD",
+    "chinook": "Chinook",
+    "text_to_sql": "Text-to-SQL",
+    "bfcl": "BFCL",
+    "tool_calling": "Tool calling",
+}
+UNKNOWN = "?"  # a run's model or task that no source names
+
+
+def method_sort(methods: Iterable[str]) -> list[str]:
+    """Methods in :data:`METHOD_ORDER`, then any other name alphabetically (each once)."""
+    methods = set(methods)
+    return [m for m in METHOD_ORDER if m in methods] + sorted(methods - set(METHOD_ORDER))
+
+
+def task_sort(tasks: Iterable[str]) -> list[str]:
+    """Tasks in :data:`TASK_ORDER`, then any other name alphabetically (each once)."""
+    tasks = set(tasks)
+    return [t for t in TASK_ORDER if t in tasks] + sorted(tasks - set(TASK_ORDER))

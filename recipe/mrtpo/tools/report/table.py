@@ -1,0 +1,129 @@
+"""The results table: per model, methods x (evaluated task, headline metric), mean ± spread over seeds."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional
+
+from recipe.mrtpo.tools.report.discovery import EvalResult
+from recipe.mrtpo.tools.report.names import TASK_LABELS, method_sort, task_sort
+from recipe.mrtpo.tools.report.series import mean_spread
+
+_PROMPT_STRICT = ("prompt-strict", ("prompt_level_strict_acc", "prompt_strict_acc", "prompt_level_strict",
+                                    "prompt_strict", "prompt_level_strict_accuracy", "prompt_strict_accuracy"))
+_EX = ("EX", ("execution_accuracy", "exec_accuracy", "exec_acc", "ex", "execution_match", "exec_match"))
+_AST = ("AST acc", ("ast_accuracy", "ast_acc", "ast", "accuracy"))
+#: task -> [(column label, candidate keys of the eval JSON's metrics, first match wins)].
+HEADLINE_METRICS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "ifbench": [_PROMPT_STRICT],
+    "ifeval": [_PROMPT_STRICT],
+    "instruction_following": [_PROMPT_STRICT],
+    "spider": [_EX],
+    "bird": [_EX],
+    "chinook": [_EX],
+    "text_to_sql": [_EX],
+    "bfcl": [_AST],
+    "tool_calling": [_AST],
+}
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"[^a-z0-9/]+", "_", key.lower()).strip("_")
+
+
+def headline_columns(task: str, results: list[EvalResult], overrides: dict, warnings: list[str]
+                     ) -> list[tuple[str, str]]:
+    """[(label, metric key)] for one evaluated task: ``--metric`` overrides, else the eval JSON's own
+    ``"headline"`` list, else the first of :data:`HEADLINE_METRICS`' candidates present, else (with a
+    warning) every top-level metric."""
+    if task in overrides:
+        return overrides[task]
+    available: dict[str, str] = {}
+    for r in results:
+        for k in r.metrics:
+            available.setdefault(k, k)
+    declared = next((r.headline for r in results if r.headline), None)
+    if declared:
+        return [(k, k) for k in declared if k in available]
+    cols = []
+    by_norm = {}
+    for k in available:
+        by_norm.setdefault(_norm_key(k), k)
+        by_norm.setdefault(_norm_key(k).rsplit("/", 1)[-1], k)
+    for label, candidates in HEADLINE_METRICS.get(task, []):
+        hit = next((by_norm[c] for c in candidates if c in by_norm), None)
+        if hit:
+            cols.append((label, hit))
+    if not cols:
+        cols = [(k, k) for k in sorted(available) if "/" not in k]
+        warnings.append(f"eval task {task!r}: no known headline metric among {sorted(available)[:12]}; "
+                        f"showing top-level metrics (choose with --metric {task}=KEY[:LABEL])")
+    return cols
+
+
+def build_table(evals: list[EvalResult], overrides: dict, warnings: list[str]) -> list[dict]:
+    """One entry per (model, method, eval task, headline metric): values over seeds, mean, std, n, and the
+    display scale (100 when every value of that column lies in [0, 1])."""
+    cells = []
+    for task in task_sort(r.eval_task for r in evals):
+        results = [r for r in evals if r.eval_task == task]
+        for label, key in headline_columns(task, results, overrides, warnings):
+            column = [r.metrics[key] for r in results if key in r.metrics and math.isfinite(r.metrics[key])]
+            scale = 100.0 if column and all(0.0 <= v <= 1.0 for v in column) else 1.0
+            for model in sorted({r.model for r in results}):
+                for method in method_sort(r.method for r in results if r.model == model):
+                    group = sorted((r for r in results if r.model == model and r.method == method
+                                    and key in r.metrics), key=lambda r: str(r.seed))
+                    if not group:
+                        continue
+                    mean, std, n = mean_spread(r.metrics[key] for r in group)
+                    cells.append({
+                        "model": model, "method": method, "task": task, "metric": key, "label": label,
+                        "values": [r.metrics[key] for r in group], "seeds": [r.seed for r in group],
+                        "train_tasks": sorted({r.train_task for r in group}),
+                        "mean": mean, "std": std, "n": n, "scale": scale,
+                    })
+    return cells
+
+
+def format_cell(mean: Optional[float], std: Optional[float], n: int, scale: float) -> str:
+    """``62.1 ± 0.8 (n=3)``; the value alone for one seed; ``–`` for none. x ``scale``; 1 decimal when
+    scaled to percent, else 4 significant digits."""
+    if mean is None or n == 0:
+        return "–"
+    fmt = (lambda v: f"{v * scale:.1f}") if scale != 1.0 else (lambda v: f"{v:.4g}")
+    if n < 2 or std is None:
+        return fmt(mean)
+    return f"{fmt(mean)} ± {fmt(std)} (n={n})"
+
+
+def render_table(cells: list[dict]) -> str:
+    """Markdown: one section per model, rows = methods, columns = (task, metric)."""
+    if not cells:
+        return "# Results\n\nNo eval results found (eval JSONs of `python -m recipe.mrtpo.tools.eval`).\n"
+    lines = ["# Results", ""]
+    models = sorted({c["model"] for c in cells})
+    columns = []
+    for c in cells:
+        col = (c["task"], c["metric"], c["label"])
+        if col not in columns:
+            columns.append(col)
+    for model in models:
+        mine = [c for c in cells if c["model"] == model]
+        cols = [col for col in columns if any((c["task"], c["metric"]) == col[:2] for c in mine)]
+        lines += [f"## {model}", ""]
+        header = ["method"] + [f"{TASK_LABELS.get(t, t)} {label}" for t, _, label in cols]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("| --- |" + " ---: |" * len(cols))
+        for method in method_sort(c["method"] for c in mine):
+            row = [method]
+            for task, key, _ in cols:
+                c = next((c for c in mine if c["method"] == method and c["task"] == task
+                          and c["metric"] == key), None)
+                row.append(format_cell(c["mean"], c["std"], c["n"], c["scale"]) if c else "–")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines.append("Cells: mean ± sample standard deviation over seeds (n = seeds; a single seed shows its value). "
+                 "Metrics whose values lie in [0, 1] are shown x 100.")
+    return "\n".join(lines) + "\n"
