@@ -1,5 +1,6 @@
-"""The relevance heatmap page (recipe/mrtpo/tools/viz/render.py): structure, exact weights, escaping, loading, CLI,
-and a real render in headless Chromium (screenshot + script ran without errors).
+"""The relevance heatmap page (recipe/mrtpo/tools/viz/: render.py, view.py, tokens.py, viz.css, viz.js):
+structure, exact weights, escaping, loading, CLI, and a real render in headless Chromium (screenshot +
+script ran without errors).
 
 The sample dump tests/data/relevance_dump.pt is a real trainer dump (step 2 of the tiny-model run, raw
 byte-level BPE tokens, 16 responses, 4 rewards); the hostile dump is made here.
@@ -20,6 +21,8 @@ import torch
 from recipe.mrtpo.core.advantage import relevance_weights
 from recipe.mrtpo.dump import DumpError, load_dump
 from recipe.mrtpo.tools.viz import render as viz
+from recipe.mrtpo.tools.viz.tokens import decode_byte_level, looks_byte_level, sanitize_text
+from recipe.mrtpo.tools.viz.view import normalise_dump, row_weights
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "relevance_dump.pt"
 VOID = {"meta", "br", "input", "img", "link", "hr", "wbr", "source", "area", "base", "col", "embed", "param", "track"}
@@ -110,7 +113,7 @@ def sample_raw() -> dict:
 
 @pytest.fixture(scope="module")
 def sample_page(sample_raw):
-    d = viz.normalise_dump(sample_raw, source=str(SAMPLE))
+    d = normalise_dump(sample_raw, source=str(SAMPLE))
     return viz.render_html(d), d
 
 
@@ -221,13 +224,18 @@ def test_page_is_self_contained(sample_page):
     assert len(scripts) == 1 and "src" not in scripts[0].attrs
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
     assert "url(" not in page and "@import" not in page
+    # the stylesheet and the script shipped beside the viewer are inlined whole
+    viz_dir = Path(viz.__file__).parent
+    css, js = (viz_dir / "viz.css").read_text(encoding="utf-8"), (viz_dir / "viz.js").read_text(encoding="utf-8")
+    assert css.strip() and js.strip() and css in page and js in page
+    assert viz.asset("viz.css") == css and viz.asset("viz.js") == js
 
 
 # ----------------------------------------------------------------------------------------------
 # Hostile text
 # ----------------------------------------------------------------------------------------------
 def test_hostile_text_is_escaped():
-    d = viz.normalise_dump(hostile_dump(), source="<x>")
+    d = normalise_dump(hostile_dump(), source="<x>")
     page = viz.render_html(d)
     page.encode("utf-8")  # a lone surrogate in a token must not make the page unwritable
     assert "<script>alert" not in page and "alert(1)</script>" not in page
@@ -257,26 +265,26 @@ def test_hostile_text_is_escaped():
 
 def test_sanitize_never_raises_on_odd_input():
     for s in ["\ud83d\ude00", "\udc80abc", "\x7f\x85\u200b\u2066", b"\xff\xfe", 12, None, "\U0010ffff", ""]:
-        out = viz.sanitize_text(s)
+        out = sanitize_text(s)
         out.encode("utf-8")
-    assert viz.sanitize_text("\ud83d\ude00") == "😀"  # a surrogate pair is joined, not broken
-    assert viz.sanitize_text("tab\tnl\n") == "tab\tnl\n"
+    assert sanitize_text("\ud83d\ude00") == "😀"  # a surrogate pair is joined, not broken
+    assert sanitize_text("tab\tnl\n") == "tab\tnl\n"
 
 
 def test_byte_level_detection_and_decoding():
-    assert viz.decode_byte_level("Ġword") == " word"
-    assert viz.decode_byte_level("Ċ") == "\n"
-    assert viz.decode_byte_level("Ã©") == "é"
-    assert viz.decode_byte_level("á»") == "\ufffd"  # a partial UTF-8 sequence
-    assert viz.looks_byte_level([["Ġthe", "Ġcat"], ["ĊĊ"]])
-    assert not viz.looks_byte_level([[" the", " cat"]])  # decoded text has plain spaces
-    assert not viz.looks_byte_level([["猫", "Ġx"]])
-    assert not viz.looks_byte_level([["abc"]])  # no shifted character: leave it alone
+    assert decode_byte_level("Ġword") == " word"
+    assert decode_byte_level("Ċ") == "\n"
+    assert decode_byte_level("Ã©") == "é"
+    assert decode_byte_level("á»") == "\ufffd"  # a partial UTF-8 sequence
+    assert looks_byte_level([["Ġthe", "Ġcat"], ["ĊĊ"]])
+    assert not looks_byte_level([[" the", " cat"]])  # decoded text has plain spaces
+    assert not looks_byte_level([["猫", "Ġx"]])
+    assert not looks_byte_level([["abc"]])  # no shifted character: leave it alone
     raw = hostile_dump()
     raw["response_tokens"][0] = ["Ġthe", "Ġcat", "Ċ", "Ã©", "x", "y", "z"]
     raw["response_tokens"][1] = ["Ġa"] * 7
-    assert viz.normalise_dump(raw).tokens[0][:4] == [" the", " cat", "\n", "é"]
-    assert viz.normalise_dump(raw, tokens="text").tokens[0][0] == "Ġthe"
+    assert normalise_dump(raw).tokens[0][:4] == [" the", " cat", "\n", "é"]
+    assert normalise_dump(raw, tokens="text").tokens[0][0] == "Ġthe"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,8 +302,8 @@ def _peaked_dump(**extra) -> dict:
 
 
 def _rms_dev(raw, **kw) -> float:
-    d = viz.normalise_dump(raw, **kw)
-    w = viz.row_weights(d, 0, 0)[d.mask[0]]
+    d = normalise_dump(raw, **kw)
+    w = row_weights(d, 0, 0)[d.mask[0]]
     assert float(w.mean()) == pytest.approx(1.0, abs=1e-5)
     return float(((w - 1) ** 2).mean().sqrt())
 
@@ -310,13 +318,13 @@ def test_rho_comes_from_the_dump():
     assert _rms_dev(_peaked_dump(max_realloc_rms=0.5)) == pytest.approx(0.5, abs=1e-4)
     assert _rms_dev(_peaked_dump(), rho=0.1) == pytest.approx(0.1, abs=1e-4)
     assert _rms_dev(_peaked_dump(), rho=None) == pytest.approx(free)
-    assert "rho <b>0.25</b>" in viz.render_html(viz.normalise_dump(raw))
+    assert "rho <b>0.25</b>" in viz.render_html(normalise_dump(raw))
 
 
 def test_no_replay_step_renders_every_row_uniform():
     raw = hostile_dump()
     raw["relevance"] = None
-    page = viz.render_html(viz.normalise_dump(raw))
+    page = viz.render_html(normalise_dump(raw))
     root = parse(page).root
     rows = root.by_class("reward-row")
     assert len(rows) == 4 and all("uniform" in r.classes for r in rows)
@@ -328,15 +336,15 @@ def test_bad_dumps_give_clear_errors():
     raw = hostile_dump()
     raw["relevance"] = torch.zeros(2, 2, 3)
     with pytest.raises(DumpError, match="relevance must be"):
-        viz.normalise_dump(raw)
+        normalise_dump(raw)
     raw = hostile_dump()
     del raw["scores"]
     with pytest.raises(DumpError, match="no 'scores'"):
-        viz.normalise_dump(raw)
+        normalise_dump(raw)
     raw = hostile_dump()
     raw["beta"] = 2.0
     with pytest.raises(DumpError, match="beta"):
-        viz.normalise_dump(raw)
+        normalise_dump(raw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,7 +418,7 @@ def _console_errors(stderr: str) -> list[str]:
 def test_chromium_renders_the_heatmap(chromium, tmp_path):
     from PIL import Image
 
-    d = viz.normalise_dump(torch.load(SAMPLE, weights_only=True), source=str(SAMPLE))
+    d = normalise_dump(torch.load(SAMPLE, weights_only=True), source=str(SAMPLE))
     page = tmp_path / "page.html"
     page.write_text(viz.render_html(d, only_replayed=True), encoding="utf-8")
     n_spans = len(parse(page.read_text(encoding="utf-8")).root.by_class("tok"))
@@ -440,7 +448,7 @@ def test_chromium_renders_the_heatmap(chromium, tmp_path):
 
 def test_chromium_check_catches_a_broken_script(chromium, tmp_path):
     """The two script checks above can fail: a page whose script throws trips both."""
-    d = viz.normalise_dump(hostile_dump())
+    d = normalise_dump(hostile_dump())
     html_ = viz.render_html(d)
     assert "else{init();}" in html_
     html_ = html_.replace("<script>var AMAX", '<script>throw new Error("boom")</script><script>var AMAX')
