@@ -511,6 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("rlvr_ifeval", "if_multi_constraints"):  # public sets by hub name or local files
+        from data_prep.if_sources import main as public_main
+
+        return public_main(argv)
     args = build_parser().parse_args(argv)
     skips = SkipLog()
     if args.command == "train":

@@ -362,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("spider", "bird"):  # official archives: `<source> --input ARCHIVE --out-dir DIR`
+        from data_prep.sql_sources import main as archive_main
+
+        return archive_main(argv)
     args = build_parser().parse_args(argv)
     skips = SkipLog()
     if args.source == "chinook":
