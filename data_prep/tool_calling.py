@@ -13,8 +13,13 @@ verifier reads JSON strings; they keep argument types exact through parquet); th
 BFCL (``bfcl``): the categories of :data:`BFCL_CATEGORIES` from a ``bfcl_eval/data`` copy (default
 ``.assets/bfcl``: ``BFCL_v4_<category>.json`` JSON Lines of ``{"id", "question": [[messages]],
 "function": [specs]}``, answers in ``possible_answer/BFCL_v4_<category>.json`` as ``{"id",
-"ground_truth": [{func: {arg: [allowed values]}}]}``). The reference calls take each argument's first
-allowed value (:func:`recipe.mrtpo.tasks.tool_calling.calls_from_bfcl_answer`). Function specs are
+"ground_truth": [{func: {arg: [allowed values]}}]}``). The reference calls keep every acceptable value
+of every argument (``accepted``, BFCL's notation: ``""`` = may be omitted) and render the first as the
+gold answer (:func:`recipe.mrtpo.tasks.tool_calling.calls_from_bfcl_answer`); an answer argument that
+the function does not declare (BFCL's own checker rejects it, so the row's gold could never pass) is
+dropped, counted and reported (``DROP`` lines and the total on stderr). The ground truth also keeps the
+row's original BFCL ``function`` docs and ``possible_answer`` (``bfcl``: JSON string of ``{"id",
+"category", "function", "ground_truth"}``) for the evaluation's official checker. Function specs are
 shown as JSON schema: BFCL's Python-style types are mapped as BFCL's own OpenAI handlers map them
 (``dict`` -> ``object``, ``float`` -> ``number``, ``tuple`` -> ``array``, ``any`` -> ``string``, ...).
 Split rule: within each category, rows ordered by ``sha256(f"{seed}:{id}")``; the first
@@ -51,8 +56,9 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from data_prep.chinook_db import assets_dir
 from data_prep.common import (
@@ -208,11 +214,14 @@ def gold_check(ground_truth: dict) -> Optional[str]:
     return None
 
 
-def _tool_row(data_source: str, messages: list[dict], calls: list, tools: list, rid: str, category: str) -> dict:
+def _tool_row(data_source: str, messages: list[dict], calls: list, tools: list, rid: str, category: str,
+              official: Optional[dict] = None) -> dict:
     ground_truth = {
         "calls": json.dumps(calls, ensure_ascii=False, sort_keys=True, allow_nan=False),
         "tools": json.dumps(tools, ensure_ascii=False, sort_keys=True, allow_nan=False),
     }
+    if official is not None:  # BFCL rows: the original function docs and possible answer
+        ground_truth["bfcl"] = json.dumps(official, ensure_ascii=False, sort_keys=True, allow_nan=False)
     extra = {"split": "", "index": 0, "id": rid, "category": category}
     return make_row(data_source, messages, ABILITY, ground_truth, extra)
 
@@ -248,13 +257,18 @@ def build_bfcl_rows(
     system: str = DEFAULT_SYSTEM,
     skips: Optional[SkipLog] = None,
     limit_per_category: Optional[int] = None,
+    dropped: Optional[list] = None,
 ) -> tuple[list[dict], int]:
-    """BFCL rows (data_source ``bfcl``), split train/test by the seeded hash rule. Returns (rows, read)."""
+    """BFCL rows (data_source ``bfcl``), split train/test by the seeded hash rule. Returns (rows, read).
+
+    ``dropped`` (if given) receives ``(id, function, argument)`` for every undeclared answer argument
+    left out of a reference; each is also printed as a ``DROP`` line, the total at the end."""
     from recipe.mrtpo.tasks.tool_calling import calls_from_bfcl_answer, normalise_calls, normalise_tools
 
     skips = skips if skips is not None else SkipLog()
     bfcl_dir = Path(bfcl_dir)
     rows, read = [], 0
+    all_dropped = dropped if dropped is not None else []
     for category in categories:
         qfile = bfcl_dir / f"BFCL_v4_{category}.json"
         afile = bfcl_dir / "possible_answer" / f"BFCL_v4_{category}.json"
@@ -288,22 +302,31 @@ def build_bfcl_rows(
             if rid not in answers:
                 skips.skip(qfile, line, f"no answer in {afile.name}: {rid}")
                 continue
+            row_dropped: list = []
             try:
                 tools = normalise_tools([_bfcl_function(f) for f in rec["function"] if isinstance(f, dict)])
-                calls = normalise_calls(calls_from_bfcl_answer(answers[rid], rec["function"]))
+                calls = normalise_calls(calls_from_bfcl_answer(answers[rid], rec["function"], row_dropped))
             except ValueError as e:
                 skips.skip(qfile, line, f"bad answer or functions: {rid}: {e}")
                 continue
             own_system = [m["content"] for m in messages if m["role"] == "system"]
             turns = [m for m in messages if m["role"] != "system"]
             sys_text = "\n\n".join(own_system) if own_system else system
-            row = _tool_row("bfcl", tool_messages(tools, turns, sys_text), calls, tools, rid, category)
+            official = {"id": rid, "category": category, "function": rec["function"], "ground_truth": answers[rid]}
+            row = _tool_row("bfcl", tool_messages(tools, turns, sys_text), calls, tools, rid, category, official)
             why = gold_check(row["reward_model"]["ground_truth"])
             if why is not None:
                 skips.skip(qfile, line, f"{why} ({rid})")
                 continue
+            for fn, arg in row_dropped:
+                print(f"DROP {qfile}:{line}: undeclared argument {fn}({arg}=...) removed from the reference ({rid})",
+                      file=sys.stderr)
+                all_dropped.append((rid, fn, arg))
             rows.append(row)
             kept += 1
+    if all_dropped:
+        print(f"DROP total: {len(all_dropped)} undeclared answer argument(s) in "
+              f"{len({d[0] for d in all_dropped})} row(s) removed from the references", file=sys.stderr)
     splits = hash_split([r["extra_info"]["id"] for r in rows], seed, test_fraction,
                         strata=[r["extra_info"]["category"] for r in rows])
     for row, split in zip(rows, splits):

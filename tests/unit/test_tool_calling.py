@@ -26,11 +26,13 @@ from recipe.mrtpo.tasks.tool_calling import (
     TOOL_FORMAT_INSTRUCTION,
     calls_from_bfcl_answer,
     exact_match,
+    param_valid,
     render_tool_calls,
     render_tools_system_prompt,
     score,
-    values_match,
+    standardize_string,
 )
+from recipe.mrtpo.tasks.tool_match import max_assignment
 
 pytestmark = pytest.mark.timeout(120)  # a parser that loops must fail the run, not hang it
 
@@ -204,11 +206,13 @@ def test_missing_and_extra_calls_are_partial():
     "arguments, expected",
     [
         ({"city": "Paris"}, 2 / 3),  # missing required argument
-        ({"city": "Paris", "unit": "celsius", "extra": 1}, 3 / 4),  # extra argument
-        ({"city": "Paris", "unit": "celsius", "days": 1}, 1.0),  # optional argument at its default
-        ({"city": "Paris", "unit": "celsius", "days": "1"}, 1.0),  # ... spelled as a string
-        ({"city": "Paris", "unit": "celsius", "days": 3}, 3 / 4),  # optional argument, not the default
-        ({"city": "Paris", "unit": "celsius", "note": None}, 1.0),  # null = absent
+        ({"city": "Paris", "unit": "celsius", "extra": 1}, 3 / 4),  # undeclared argument
+        ({"city": "Paris", "unit": "celsius", "days": 1}, 3 / 4),  # at its default: BFCL forgives nothing
+        ({"city": "Paris", "unit": "celsius", "days": "1"}, 3 / 4),
+        ({"city": "Paris", "unit": "celsius", "days": 3}, 3 / 4),
+        ({"city": "Paris", "unit": "celsius", "note": None}, 3 / 4),  # null is an (invalid) value
+        ({"city": "Paris", "unit": None}, 2 / 3),
+        ({"city": "PARIS", "unit": "Celsius"}, 1.0),  # BFCL's string normalisation
         ({}, 1 / 3),
         ({"city": "Lyon", "unit": "kelvin"}, 1 / 3),
     ],
@@ -237,7 +241,7 @@ def test_hungarian_equals_brute_force():
             for rows in itertools.combinations(range(n), k)
             for cols in itertools.permutations(range(m), k)
         )
-        assert tc._max_assignment(w) == pytest.approx(best)
+        assert max_assignment(w) == pytest.approx(best)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,50 +250,57 @@ def test_hungarian_equals_brute_force():
 
 
 @pytest.mark.parametrize(
-    "a, b, lenient, strict",
+    "value, allowed, schema, valid",
     [
-        ("5", 5, True, False),
-        (5.0, 5, True, True),
-        ("5.0", 5, True, False),
-        (0.1 + 0.2, 0.3, True, True),
-        ("1e3", 1000, True, False),
-        ("true", True, True, False),
-        ("FALSE", False, True, False),
-        (True, 1, False, False),
-        (False, 0, False, False),
-        ("  New   York ", "new york", True, True),
-        ("NewYork", "new york", False, False),
-        ([1, 2, 3], [1, 2, 3], True, True),
-        ([1, 2, 3], [3, 2, 1], False, False),  # lists are order-sensitive
-        ([1, 2], [1, 2, 3], False, False),
-        (["1", "2"], [1, 2], True, False),
-        ({"a": {"b": [1, "X"]}}, {"a": {"b": [1.0, "x"]}}, True, True),
-        ({"a": 1}, {"a": 1, "b": 2}, False, False),
-        ({"a": 1}, [1], False, False),
-        ("[1, 2]", [1, 2], False, False),
-        (None, None, True, True),
-        (None, "", False, False),
-        (10**400, 10**400, True, True),
-        (10**400, 1e308, False, False),
-        (10**400, 10**400 + 1, False, False),
-        ("nan", float("nan"), False, False),
-        ("1" * 70, int("1" * 70), False, False),  # too long to be read as a number
+        (5, [5], {"type": "integer"}, True),
+        (5.0, [5], {"type": "integer"}, False),  # a float for an integer: BFCL's type error
+        (5, [5.0], {"type": "number"}, True),  # an integer for a float: converted, accepted
+        (5, [5.0], {"type": "float"}, True),
+        (True, [1], {"type": "integer"}, False),  # booleans are not integers
+        ("5", [5], {"type": "integer"}, False),
+        (None, [""], {"type": "string"}, False),  # null is never a valid value
+        (None, [None], None, False),
+        ("New York, NY", ["new york ny"], {"type": "string"}, True),  # spaces and ,./-_*^ removed
+        ("new-york", ["New York"], {"type": "string"}, True),
+        ("NewYork!", ["New York"], {"type": "string"}, False),
+        ("it's", ['it"s'], {"type": "string"}, True),  # ' read as "
+        ("in", ["inches", "in"], {"type": "string"}, True),  # any acceptable value
+        ("", ["", "x"], {"type": "string"}, True),  # BFCL accepts the omission marker itself
+        (["A b", "c"], [["ab", "C"]], {"type": "array", "items": {"type": "string"}}, True),
+        ([1, 2], [[2, 1]], {"type": "array", "items": {"type": "integer"}}, False),  # order matters
+        ([1.5], [[1]], {"type": "array", "items": {"type": "integer"}}, False),  # item type checked
+        ({"k": "A"}, [{"k": ["a", "b"], "o": ["", "x"]}], {"type": "object"}, True),
+        ({"k": "a", "z": 1}, [{"k": ["a"]}], {"type": "dict"}, False),
+        ({}, [{"k": ["a"]}], {"type": "object"}, False),
+        ([{"f": "Age"}], [[{"f": ["age"]}]], {"type": "array", "items": {"type": "dict"}}, True),
+        ("x_var", ["x_var"], {"type": "integer"}, True),  # BFCL's variable rule: the answer's type
+        ("5", ["5"], None, True),  # no spec: no type check
+        (5, [5.0], None, True),
     ],
 )
-def test_value_normalisation(a, b, lenient, strict):
-    assert values_match(a, b) is lenient and values_match(b, a) is lenient
-    assert values_match(a, b, strict_types=True) is strict
+def test_param_valid_bfcl_semantics(value, allowed, schema, valid):
+    assert param_valid(value, allowed, schema) is valid
 
 
-def test_type_normalisation_in_scores():
-    gt = {"calls": [{"name": "f", "arguments": {"n": 5, "x": 2.5, "flag": True, "s": "Hello World", "l": [1, 2]}}]}
-    resp = block("f", {"n": "5", "x": "2.50", "flag": "true", "s": "hello  world", "l": [1.0, 2.0]})
-    assert scores(resp, gt) == {"format": 1.0, "correctness": 1.0}
-    assert not exact_match(resp, gt)  # strict types: "5" is not 5 (BFCL-style)
-    typed = block("f", {"n": 5.0, "x": 2.5, "flag": True, "s": "hello  world", "l": [1.0, 2.0]})
-    assert exact_match(typed, gt)
-    swapped = block("f", {"n": 5, "x": 2.5, "flag": True, "s": "Hello World", "l": [2, 1]})
-    assert scores(swapped, gt)["correctness"] == pytest.approx(5 / 6)
+def test_standardize_string():
+    assert standardize_string("A-b_c.d/e,f*g^h i'") == 'abcdefghi"'
+
+
+def test_bfcl_semantics_in_scores():
+    tools = [{"name": "f", "parameters": {"type": "dict", "required": ["n"], "properties": {
+        "n": {"type": "integer"}, "x": {"type": "float"}, "s": {"type": "string"}, "u": {"type": "string"}}}}]
+    gt = {"calls": [{"name": "f", "arguments": {"n": 5, "x": 2.0, "s": "Hello World"},
+                     "accepted": {"n": [5], "x": [2.0], "s": ["Hello World", "hello"], "u": ["", "in"]}}],
+          "tools": tools}
+    assert scores(block("f", {"n": 5, "x": 2, "s": "hello"}), gt) == {"format": 1.0, "correctness": 1.0}
+    assert exact_match(block("f", {"n": 5, "x": 2.0, "s": "HELLO world", "u": "in"}), gt)
+    assert not exact_match(block("f", {"n": 5.0, "x": 2.0, "s": "hello"}), gt)
+    assert not exact_match(block("f", {"n": 5, "x": 2.0, "s": "hello", "u": None}), gt)
+    assert not exact_match(block("f", {"x": 2.0, "s": "hello"}), gt)  # required n missing
+    assert not exact_match(block("f", {"n": 5, "x": 2.0}), gt)  # s has no "" : not omittable
+    plain = {"calls": [{"name": "f", "arguments": {"n": 5}}], "tools": tools}  # the plain shape
+    assert exact_match(block("f", {"n": 5}), plain)
+    assert not exact_match(block("f", {"n": 5, "u": "in"}), plain)  # not in the reference
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,14 +511,23 @@ def test_calls_from_bfcl_answer_examples():
     answer = [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}},
               {"math.hypot": {"x": [4], "z": ["", 0], "opts": [{"k": ["a", "b"], "o": ["", "x"]}],
                               "conds": [[{"f": ["age"]}, {"f": ["job"]}]]}}]
-    assert calls_from_bfcl_answer(answer) == [
+    calls = calls_from_bfcl_answer(answer)
+    assert [{k: c[k] for k in ("name", "arguments")} for c in calls] == [
         {"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "unit": "units"}},
         {"name": "math.hypot", "arguments": {"x": 4, "opts": {"k": "a"}, "conds": [{"f": "age"}, {"f": "job"}]}},
     ]
-    assert calls_from_bfcl_answer({"id": "x", "ground_truth": answer}) == calls_from_bfcl_answer(answer)
+    assert calls[0]["accepted"] == answer[0]["calculate_triangle_area"]  # every acceptable value kept
+    assert calls_from_bfcl_answer({"id": "x", "ground_truth": answer}) == calls
     # a required argument whose allowed values start with "" takes its first other value
-    functions = [{"name": "math.hypot", "parameters": {"type": "dict", "properties": {}, "required": ["x", "z"]}}]
+    functions = [{"name": "math.hypot", "parameters": {"type": "dict", "required": ["x", "z"], "properties": {
+        "x": {}, "z": {}, "opts": {}, "conds": {}}}}]
     assert calls_from_bfcl_answer(answer[1:], functions)[0]["arguments"]["z"] == 0
+    # an argument the function does not declare is dropped and reported
+    dropped = []
+    narrow = [{"name": "math.hypot", "parameters": {"type": "dict", "properties": {"x": {}}}}]
+    out = calls_from_bfcl_answer(answer[1:], narrow, dropped)
+    assert out[0]["arguments"] == {"x": 4} and set(out[0]["accepted"]) == {"x"}
+    assert sorted(dropped) == [("math.hypot", "conds"), ("math.hypot", "opts"), ("math.hypot", "z")]
     with pytest.raises(ValueError):
         calls_from_bfcl_answer([{"a": {}, "b": {}}])
 

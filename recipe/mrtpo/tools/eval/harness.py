@@ -66,9 +66,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from recipe.mrtpo.tools.eval.metrics import FAMILY_DATA_SOURCES, TASK_FAMILY, aggregate, score_response, validate_ground_truth
 
@@ -501,7 +502,7 @@ def _reuse(family: str, items: list[Item], cached: dict[str, dict], rescore: boo
     return records, stale
 
 
-def _generate(family: str, pending: list[Item], generator, batch_size: int, n: int, writer: "_PartialWriter",
+def _generate(family: str, pending: list[Item], generator, batch_size: int, n: int, writer: _PartialWriter,
               desc: str) -> dict[str, dict]:
     """Generate and score ``pending`` batch by batch, appending every record to the cache as it comes."""
     from tqdm.auto import tqdm

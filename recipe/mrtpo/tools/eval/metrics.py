@@ -39,7 +39,8 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 __all__ = ["TASK_FAMILY", "FAMILY_DATA_SOURCES", "family_of", "score_response", "validate_ground_truth", "aggregate"]
 
