@@ -17,6 +17,12 @@
 #   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
 #   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)
 #   VAL_FILES        parquet file(s), comma-separated (default: the task's evaluation sets under data/)
+#   DATA_SET         which built files TRAIN_FILES / VAL_FILES default to (docs/data.md has the commands and row counts):
+#                      offline  (default) what `python -m data_prep.build_offline` builds (IF on project prompts, BFCL split)
+#                      public   the peers' public training sets: ifbench -> data/if_multi_constraints (IF_multi_constraints_upto5),
+#                               text2sql -> data/spider (Spider train from its archive), toolcall -> data/toolrl (ToolRL's 4k
+#                               mix with this project's reward); validation sets as for offline
+#                      toolrl   toolcall only: data/toolrl_reward (ToolRL's 4k mix, ToolRL's prompt and reward form, as GDPO's run)
 #                    Relative paths are taken from the directory you call the script from.
 #   NNODES           nodes (default 1). More than one: start a Ray cluster over the nodes first (`ray start
 #                    --head` on one, `ray start --address=<head>:6379` on the others; the repository at the
@@ -163,6 +169,31 @@ _mrtpo_task() {
       TASK_DATA_HINT="python -m data_prep.build_offline --out data"
       ;;
     *) mrtpo_die "unknown task '$1' (ifbench | text2sql | toolcall)" ;;
+  esac
+  _mrtpo_data_set "$1"
+}
+
+# _mrtpo_data_set TASK: TRAIN_DEFAULT / VAL_DEFAULT for DATA_SET=public|toolrl (docs/data.md).
+_mrtpo_data_set() {
+  case "${DATA_SET:-offline}/$1" in
+    offline/*) ;;
+    public/ifbench)
+      TRAIN_DEFAULT="data/if_multi_constraints/train.parquet"
+      TASK_DATA_HINT="python -m data_prep.instruction_following if_multi_constraints --out-dir data/if_multi_constraints"
+      ;;
+    public/text2sql)
+      TASK_DATA_HINT="python -m data_prep.text_to_sql spider --input spider_data.zip --out-dir data/spider"
+      ;;
+    public/toolcall)
+      TRAIN_DEFAULT="data/toolrl/train.parquet"
+      TASK_DATA_HINT="python -m data_prep.tool_calling toolrl --input rlla_rl.json --out-dir data/toolrl"
+      ;;
+    toolrl/toolcall)
+      TRAIN_DEFAULT="data/toolrl_reward/train.parquet"
+      VAL_DEFAULT="data/toolrl_reward/test.parquet"
+      TASK_DATA_HINT="python -m data_prep.tool_calling toolrl --input rlla_rl.json --reward toolrl --out-dir data/toolrl_reward"
+      ;;
+    *) mrtpo_die "DATA_SET='${DATA_SET}' is not available for task '$1' (offline | public; toolrl for toolcall)" ;;
   esac
 }
 
