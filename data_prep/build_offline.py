@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from data_prep import instruction_following as IFB
 from data_prep import text_to_sql as SQLB

@@ -34,8 +34,9 @@ import os
 import re
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = [
     "REPO_ROOT",
@@ -211,7 +212,7 @@ def _resync(text: str, pos: int, indent: Optional[str]) -> Optional[int]:
 
 def hash_unit(seed: Any, key: Any) -> float:
     """A number in [0, 1) from ``sha256(f"{seed}:{key}")`` (the split rule's ordering key)."""
-    digest = hashlib.sha256(f"{seed}:{key}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
@@ -393,7 +394,7 @@ def data_card(
             lines.append(f"  {c:>6}  {kind}")
     if written:
         lines.append("")
-        for split, (path, n, digest) in sorted(written.items()):
+        for _split, (path, n, digest) in sorted(written.items()):
             lines.append(f"wrote {path} ({n} rows, sha256 {digest[:16]})")
     return "\n".join(lines)
 

@@ -56,8 +56,9 @@ import copy
 import json
 import random
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from data_prep.chinook_db import assets_dir
 from data_prep.common import (

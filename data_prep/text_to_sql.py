@@ -43,8 +43,9 @@ import argparse
 import functools
 import sqlite3
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from data_prep.common import (
     REPO_ROOT,

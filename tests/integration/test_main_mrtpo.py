@@ -36,3 +36,30 @@ def test_v0_trainer_is_refused():
 
     with pytest.raises(ValueError, match="use_v1"):
         run(compose_cfg("trainer.use_v1=False"))
+
+
+def test_typed_config_is_the_one_place_of_defaults_and_checks():
+    """The YAML's mrtpo group becomes MRTPOConfig (its _target_); bad values and unknown keys fail before Ray."""
+    from dataclasses import fields
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    cfg = compose_cfg()
+    typed = mrtpo_config(cfg.mrtpo)
+    assert isinstance(typed, MRTPOConfig) and isinstance(omega_conf_to_dataclass(cfg.mrtpo), MRTPOConfig)
+    defaults = MRTPOConfig()
+    for f in fields(MRTPOConfig):  # the YAML states the dataclass defaults, never its own
+        if f.name not in ("_target_", "dump"):
+            assert getattr(typed, f.name) == getattr(defaults, f.name), f.name
+    assert typed.dump.every_n_steps == 0 and typed.dump.max_samples == 8
+    for bad, msg in (("mrtpo.beta=1.0", r"\[0, 1\)"), ("mrtpo.beta=-0.1", "beta"), ("mrtpo.measure=kl", "measure"),
+                     ("mrtpo.mode=x", "mode"), ("mrtpo.replay_micro_batch_size=0", "micro_batch"),
+                     ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples")):
+        with pytest.raises(ValueError, match=msg):
+            check_config(compose_cfg(bad))
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
+        check_config(compose_cfg("algorithm.norm_adv_by_std_in_grpo=False"))
+    check_config(compose_cfg("mrtpo.beta=0.99", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))

@@ -64,12 +64,12 @@ def test_register_task_rejects_a_second_owner():
 
 
 def test_run_single_decodes_and_scores():
+    import tempfile
+
     from transformers import AutoTokenizer
     from verl import DataProto
 
     from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         tok = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(d))

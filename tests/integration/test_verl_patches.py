@@ -134,7 +134,7 @@ def test_cpu_device_module_stand_ins():
     assert torch.equal(x, torch.rand(2))
     assert dm.Stream is torch.cpu.Stream  # everything else comes from torch.cpu
     with pytest.raises(AttributeError, match="no 'cudart'"):
-        dm.cudart
+        _ = dm.cudart
 
 
 # ---------------------------------------------------------------- distributed
@@ -328,8 +328,8 @@ def test_entry_module_refuses_without_cpu_platform():
 def test_cpu_overrides_compose_with_verls_config():
     """Every override in recipe.mrtpo.cpu.runtime names a real key (or adds one with '+'), and the rollout
     section still validates as verl's RolloutConfig."""
-    from hydra import compose, initialize_config_dir
     import verl
+    from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
 
     from recipe.mrtpo.cpu.runtime import cpu_overrides

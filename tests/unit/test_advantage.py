@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage, compute_grpo_outcome_advantage, get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage, compute_grpo_outcome_advantage
 
 from recipe.mrtpo.core.advantage import (
     compute_mrtpo_advantage,
@@ -54,33 +54,33 @@ def verl_gdpo(scores, index, mask, weights=None):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beta_zero_is_verl_gdpo(seed, binary):
     scores, index, mask, q = make_batch(seed=seed, binary=binary)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
     assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
     # no replay at all (relevance None) is GDPO too, and so are fixed reward weights
-    assert torch.allclose(compute_mrtpo_advantage(scores, index, mask, None, beta=0.5), verl_gdpo(scores, index, mask), atol=1e-5)
+    assert torch.allclose(compute_mrtpo_advantage(scores, index, mask, None, beta=0.5, max_realloc_rms=1.0), verl_gdpo(scores, index, mask), atol=1e-5)
     w = [1.0, 0.5, 2.0]
     assert torch.allclose(
-        compute_mrtpo_advantage(scores, index, mask, None, beta=0.0, reward_weights=w), verl_gdpo(scores, index, mask, w), atol=1e-5
+        compute_mrtpo_advantage(scores, index, mask, None, beta=0.0, reward_weights=w, max_realloc_rms=1.0), verl_gdpo(scores, index, mask, w), atol=1e-5
     )
 
 
 def test_uniform_relevance_is_gdpo():
     scores, index, mask, q = make_batch(seed=5)
     uniform = torch.full_like(q, 0.37) * mask[:, None]
-    ours = compute_mrtpo_advantage(scores, index, mask, uniform, beta=0.8)
+    ours = compute_mrtpo_advantage(scores, index, mask, uniform, beta=0.8, max_realloc_rms=1.0)
     assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
 
 
 def test_nonuniform_relevance_moves_advantage():
     scores, index, mask, q = make_batch(seed=6)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
     assert not torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-3)
     assert torch.isfinite(ours).all() and (ours[mask == 0] == 0).all()
 
 
 def test_k1_beta0_is_grpo_up_to_whitening():
     scores, index, mask, q = make_batch(K=1, seed=3, binary=False)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0)
+    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
     B, T = mask.shape
     tlr = torch.zeros(B, T)
     tlr[torch.arange(B), mask.sum(1).long() - 1] = scores[:, 0]
@@ -133,11 +133,11 @@ def test_qbar_zero_falls_back_to_uniform():
     mask = torch.ones(2, 6)
     q = torch.zeros(2, 6)
     q[1] = torch.rand(6)
-    w = relevance_weights(q, mask, 0.7)
+    w = relevance_weights(q, mask, 0.7, max_realloc_rms=1.0)
     assert torch.equal(w[0], torch.ones(6))
     assert not torch.allclose(w[1], torch.ones(6))
     # an all-masked row never divides by zero
-    w2 = relevance_weights(torch.rand(1, 4), torch.zeros(1, 4), 0.5)
+    w2 = relevance_weights(torch.rand(1, 4), torch.zeros(1, 4), 0.5, max_realloc_rms=1.0)
     assert torch.equal(w2, torch.zeros(1, 4))
 
 
@@ -157,7 +157,7 @@ def test_absent_rewards_contribute_nothing_and_never_leak_nan():
     index = np.array(["a", "a", "b", "b"], dtype=object)
     mask = torch.ones(4, 5)
     q = torch.rand(4, 3, 5)
-    adv = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5)
+    adv = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
     assert torch.isfinite(adv).all()
     A = group_normalized_scores(scores, index)
     assert A[0, 2] == 0 and A[2, 0] == 0
@@ -165,8 +165,8 @@ def test_absent_rewards_contribute_nothing_and_never_leak_nan():
     # with reward 2 dropped, whatever the replay left in the absent reward's relevance row
     q2 = q.clone()
     q2[:2, 2] = torch.rand(2, 5) * 100
-    raw_full, _ = compute_mrtpo_advantage_with_stats(scores, index, mask, q2, beta=0.5, whiten=False)
-    raw_sub, _ = compute_mrtpo_advantage_with_stats(scores[:2, :2], index[:2], mask[:2], q[:2, :2], beta=0.5, whiten=False)
+    raw_full, _ = compute_mrtpo_advantage_with_stats(scores, index, mask, q2, beta=0.5, whiten=False, max_realloc_rms=1.0)
+    raw_sub, _ = compute_mrtpo_advantage_with_stats(scores[:2, :2], index[:2], mask[:2], q[:2, :2], beta=0.5, whiten=False, max_realloc_rms=1.0)
     assert torch.allclose(raw_full[:2], raw_sub, atol=1e-6)
 
 
@@ -185,8 +185,8 @@ def test_shuffle_permutes_within_valid_positions_only():
     # deterministic for a seeded generator
     assert torch.equal(s, shuffle_within_mask(q, mask, torch.Generator().manual_seed(1)))
     scores, index, mask2, q2 = make_batch(seed=8)
-    a = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, shuffle=True, generator=torch.Generator().manual_seed(2))
-    b = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5)
+    a = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, shuffle=True, generator=torch.Generator().manual_seed(2), max_realloc_rms=1.0)
+    b = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, max_realloc_rms=1.0)
     assert not torch.allclose(a, b) and torch.isfinite(a).all()
     del g
 
@@ -220,26 +220,29 @@ def test_response_level_weights():
     assert response_level_weights(ragged, index, "dvao").tolist() == [1.0, 0.0]
     # composes: SAW-weighted MRTPO differs from plain and stays finite
     s2, idx2, m2, q2 = make_batch(seed=9, binary=False)
-    a = compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, reward_weighting="saw")
-    assert torch.isfinite(a).all() and not torch.allclose(a, compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5))
+    a = compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, reward_weighting="saw", max_realloc_rms=1.0)
+    assert torch.isfinite(a).all() and not torch.allclose(a, compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, max_realloc_rms=1.0))
     with pytest.raises(ValueError):
         response_level_weights(scores, index, "bogus")
 
 
-def test_registered_in_verl_and_reads_batch():
-    from recipe.mrtpo import estimator  # noqa: F401  (registers)
+def test_reward_table_from_extras_gives_verl_gdpo():
+    """The reward manager's per-sample JSON, parsed once into a RewardTable, gives verl's GDPO (beta = 0)
+    and the recipe's MRTPO (beta > 0) through the core function; the recipe does not register an estimator
+    in verl's registry (the trainer calls the core itself)."""
     import json
 
-    fn = get_adv_estimator_fn("mrtpo")
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    from recipe.mrtpo.reward_extras import SCORES_KEY, read_reward_table
+
     scores, index, mask, q = make_batch(seed=11)
     names = ["r0", "r1", "r2"]
-    ntb = {"mrtpo_rewards": np.array([json.dumps({n: float(s[j]) for j, n in enumerate(names)}) for s in scores], dtype=object)}
-    cfg = {"beta": 0.0, "reward_names": names}
-    adv, ret = fn(torch.zeros_like(mask), mask, index, config=None, non_tensor_batch=ntb, batch={"mrtpo_relevance": q}, mrtpo_config=cfg)
+    extras = [{SCORES_KEY: json.dumps({n: float(s[j]) for j, n in enumerate(names)})} for s in scores]
+    table = read_reward_table(extras, index)
+    assert table.names == names and torch.equal(table.scores, scores.float())
+    adv = compute_mrtpo_advantage(table.scores, index, mask, q, 0.0, max_realloc_rms=1.0)
     assert torch.allclose(adv, verl_gdpo(scores, index, mask), atol=1e-5)
-    cfg = {"beta": 0.5, "reward_names": names}
-    adv2, _ = fn(torch.zeros_like(mask), mask, index, non_tensor_batch=ntb, batch={"mrtpo_relevance": q}, mrtpo_config=cfg)
-    assert torch.allclose(adv2, compute_mrtpo_advantage(scores, index, mask, q, 0.5), atol=1e-6)
-    assert cfg["stats"].weighted_pairs > 0
-    with pytest.raises(ValueError, match="main_mrtpo"):
-        fn(torch.zeros_like(mask), mask, index)
+    adv2 = compute_mrtpo_advantage(table.scores, index, mask, q, 0.5, max_realloc_rms=1.0)
+    assert not torch.allclose(adv2, adv, atol=1e-4)
+    assert "mrtpo" not in ADV_ESTIMATOR_REGISTRY

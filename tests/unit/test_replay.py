@@ -110,5 +110,5 @@ def test_forward_count_sync_pads_with_dummy_forwards(tiny):
     assert int(out["n_forwards"]) == 2 and len(calls) == 5 and calls[-1] == (1, 1)
     # a row with nothing to replay costs no forward
     with torch.no_grad():
-        empty = replay_relevance(counting, ids, lens, resp, mask, torch.tensor([[-1, -1]]))
+        empty = replay_relevance(counting, ids, lens, resp, mask, torch.tensor([[-1, -1]]), micro_batch_size=1)
     assert int(empty["n_forwards"]) == 0 and (empty["relevance"] == 0).all()

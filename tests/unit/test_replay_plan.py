@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
-from recipe.mrtpo.estimator import fill_errored_samples, reward_extras
+from recipe.mrtpo.reward_extras import fill_errored_samples, reward_extras
 
 NAN = float("nan")
 

@@ -22,8 +22,9 @@ SAW (batch coefficient of variation of r_k) or DVAO (mean in-group variance of r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ def relevance_weights(
     q: torch.Tensor,
     mask: torch.Tensor,
     beta: float,
-    max_realloc_rms: Optional[float] = 1.0,
+    max_realloc_rms: Optional[float],
     qbar_floor: float = QBAR_FLOOR,
 ) -> torch.Tensor:
     """Relevance-normalised token weights of one reward, [B, T] (docs/design.md §1.3 and §1.5).
@@ -242,8 +243,8 @@ def compute_mrtpo_advantage_with_stats(
     response_mask: torch.Tensor,
     relevance: Optional[torch.Tensor],
     beta: float,
+    max_realloc_rms: Optional[float],
     reward_weights: Optional[Sequence[float]] = None,
-    max_realloc_rms: Optional[float] = 1.0,
     epsilon: float = 1e-6,
     shuffle: bool = False,
     generator: Optional[torch.Generator] = None,
@@ -304,8 +305,8 @@ def compute_mrtpo_advantage(
     response_mask: torch.Tensor,
     relevance: Optional[torch.Tensor],
     beta: float,
+    max_realloc_rms: Optional[float],
     reward_weights: Optional[Sequence[float]] = None,
-    max_realloc_rms: Optional[float] = 1.0,
     epsilon: float = 1e-6,
     shuffle: bool = False,
     generator: Optional[torch.Generator] = None,
@@ -330,7 +331,7 @@ def compute_mrtpo_advantage(
         [B, T] advantages, batch-whitened over valid tokens, 0 on padding.
     """
     adv, _ = compute_mrtpo_advantage_with_stats(
-        scores, index, response_mask, relevance, beta, reward_weights, max_realloc_rms, epsilon, shuffle,
+        scores, index, response_mask, relevance, beta, max_realloc_rms, reward_weights, epsilon, shuffle,
         generator, reward_weighting,
     )
     return adv

@@ -22,8 +22,9 @@ prompts (e.g. two rewards with the same context) are replayed once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 BLOCK_OPEN = "<verifier_information>"
 BLOCK_CLOSE = "</verifier_information>"

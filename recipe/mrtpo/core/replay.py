@@ -22,7 +22,8 @@ to fp32 at a time. Never R x T x V.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -72,9 +73,10 @@ def replay_relevance(
     responses: torch.Tensor,
     response_mask: torch.Tensor,
     pair_variant: torch.Tensor,
+    *,
+    micro_batch_size: int,
     temperature: float = 1.0,
     measure: str = "js_distance",
-    micro_batch_size: int = 8,
     chunk_size: Optional[int] = None,
     pad_id: int = 0,
     device: torch.device | str = "cpu",

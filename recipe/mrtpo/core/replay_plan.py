@@ -8,8 +8,9 @@ uniform weights and is counted by reason. Pure torch + :mod:`prompt_variants`; n
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 import torch
 

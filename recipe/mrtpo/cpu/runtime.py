@@ -11,8 +11,9 @@ code patches they rely on are in :mod:`verl_patches.cpu`. Nothing here imports v
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,0 +1,110 @@
+"""The recipe's typed configuration: every ``mrtpo.*`` default and its validation live here.
+
+``mrtpo_trainer.yaml`` (beside this file) points at :class:`MRTPOConfig` with ``_target_`` (as verl's own configs
+point at theirs), and :func:`mrtpo_config` turns the composed ``mrtpo`` group into this dataclass once,
+when the run's config is checked (before Ray starts) and again in the trainer. Code reads typed
+attributes; nothing else writes a default. The maths behind each knob is in ``docs/design.md`` §1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl.base_config import BaseConfig
+
+MEASURES = ("js_distance", "js_divergence")
+MODES = ("mrtpo", "cort")
+REWARD_WEIGHTINGS = ("none", "saw", "dvao")
+RECIPE_ESTIMATORS = ("mrtpo", "gdpo")  # advantage estimators whose step the recipe computes
+
+
+@dataclass
+class DumpConfig(BaseConfig):
+    """Relevance dumps for the heatmap viewer (``python -m recipe.mrtpo.tools.viz``)."""
+
+    every_n_steps: int = 0  # write a dump every N training steps; 0 = never
+    max_samples: int = 8  # responses per dump (the first ones of the batch)
+    dir: Optional[str] = None  # folder; None = <trainer.default_local_dir>/relevance_dumps
+
+    def __post_init__(self) -> None:
+        if self.every_n_steps < 0:
+            raise ValueError(f"mrtpo.dump.every_n_steps must be >= 0, got {self.every_n_steps}")
+        if self.max_samples < 1:
+            raise ValueError(f"mrtpo.dump.max_samples must be >= 1, got {self.max_samples}")
+
+
+@dataclass
+class MRTPOConfig(BaseConfig):
+    """The ``mrtpo`` config group (``docs/design.md`` §1 and §4)."""
+
+    beta: float = 0.5  # reallocation strength after warm-up (§1.3); 0 = GDPO exactly
+    warmup_steps: int = 10  # beta_s = beta * smoothstep(s / warmup_steps) (§1.4); 0 = no warm-up
+    max_realloc_rms: Optional[float] = 1.0  # rho of the second-moment constraint (§1.5); None disables
+    measure: str = "js_distance"  # js_distance | js_divergence (§1.2)
+    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7)
+    replay: bool = True  # False: no replay, mrtpo == gdpo (timing baselines)
+    shuffle: bool = False  # the control ablation: q permuted over each response's valid tokens (§1.7)
+    seed: int = 0  # seed of the shuffle (combined with the step)
+    reward_weighting: str = "none"  # none | saw | dvao: per-batch lambda_k (§1.6)
+    reward_weights: Optional[dict[str, float]] = None  # fixed lambda_k by reward name; unnamed rewards 1
+    replay_micro_batch_size: int = 8  # prompt variants per replay forward
+    chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
+    compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
+    max_replay_prompt_length: Optional[int] = None  # longer variants fall back to uniform weights
+    dump: DumpConfig = field(default_factory=DumpConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.beta) < 1.0:
+            raise ValueError(f"mrtpo.beta must be in [0, 1) (beta = 1 gives weight 0 to tokens the replay did not move), got {self.beta}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"mrtpo.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.max_realloc_rms is not None and self.max_realloc_rms < 0:
+            raise ValueError(f"mrtpo.max_realloc_rms must be >= 0 or null, got {self.max_realloc_rms}")
+        _choice("measure", self.measure, MEASURES)
+        _choice("mode", self.mode, MODES)
+        _choice("reward_weighting", self.reward_weighting, REWARD_WEIGHTINGS)
+        if self.replay_micro_batch_size < 1:
+            raise ValueError(f"mrtpo.replay_micro_batch_size must be >= 1, got {self.replay_micro_batch_size}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"mrtpo.chunk_size must be >= 1 or null, got {self.chunk_size}")
+        if self.max_replay_prompt_length is not None and self.max_replay_prompt_length < 1:
+            raise ValueError(f"mrtpo.max_replay_prompt_length must be >= 1 or null, got {self.max_replay_prompt_length}")
+        if self.reward_weights is not None:
+            bad = {k: v for k, v in dict(self.reward_weights).items() if not isinstance(v, (int, float))}
+            if bad:
+                raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {bad}")
+
+    def reward_weight(self, name: str) -> float:
+        """Fixed lambda_k of reward ``name`` (1 unless named in ``reward_weights``)."""
+        return float((self.reward_weights or {}).get(name, 1.0))
+
+    @property
+    def measure_for_replay(self) -> str:
+        """The replay's measure: CoRT's log-likelihood contrast in ``cort`` mode, else ``measure``."""
+        return "logprob_contrast" if self.mode == "cort" else self.measure
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"mrtpo.{name} must be one of {allowed}, got {value!r}")
+
+
+def mrtpo_config(cfg: Any) -> MRTPOConfig:
+    """The typed :class:`MRTPOConfig` of a composed ``mrtpo`` group (DictConfig, dict or instance).
+
+    Unknown keys are an error (a typo such as ``mrtpo.bta=0.3`` must not run with the default).
+    """
+    if isinstance(cfg, MRTPOConfig):
+        return cfg
+    from omegaconf import DictConfig, OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg or {})
+    raw.pop("_target_", None)
+    dump = dict(raw.pop("dump", None) or {})
+    dump.pop("_target_", None)
+    known = set(MRTPOConfig.__dataclass_fields__) - {"_target_", "dump"}
+    unknown = sorted(set(raw) - known) + [f"dump.{k}" for k in sorted(set(dump) - set(DumpConfig.__dataclass_fields__))]
+    if unknown:
+        raise ValueError(f"unknown mrtpo config keys: {unknown}; known: {sorted(known)} and dump.*")
+    return MRTPOConfig(**raw, dump=DumpConfig(**dump))

@@ -1,0 +1,115 @@
+"""What the ``mrtpo`` reward manager leaves per sample and how the trainer reads it back.
+
+verl's reward loop requires every sample of a batch to carry the same extra keys, while rewards are
+ragged (an instruction-following prompt has 1 to 5+ constraints). So each sample's per-reward scores
+and contexts travel as one JSON object under fixed keys of ``reward_extra_info``:
+
+    mrtpo_rewards   JSON {reward_name: score}
+    mrtpo_contexts  JSON {reward_name: {"text": Z_k, "placement": "prompt" | "appended"}}
+    mrtpo_task      the data_source
+    mrtpo_error     "" or "ExceptionType: message" when the verifier raised
+
+:func:`read_reward_table` parses them once, on the driver, into a :class:`RewardTable` of tensors that
+the advantage step uses directly. No verl import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+SCORES_KEY = "mrtpo_rewards"
+CONTEXTS_KEY = "mrtpo_contexts"
+TASK_KEY = "mrtpo_task"
+ERROR_KEY = "mrtpo_error"
+
+
+def _parse(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    if isinstance(obj, (bytes, str)):
+        return json.loads(obj) if obj else {}
+    if obj is None:
+        return {}
+    raise TypeError(f"per-reward scores must be a JSON object or dict, got {type(obj).__name__}")
+
+
+def reward_extras(extra_fields: Sequence[Any]) -> list[dict]:
+    """Per sample ``reward_extra_info`` dicts from TransferQueue's ``extra_fields`` (missing -> {})."""
+    out = []
+    for ef in extra_fields:
+        ef = getattr(ef, "data", ef)
+        info = ef.get("reward_extra_info", {}) if isinstance(ef, dict) else {}
+        out.append(info if isinstance(info, dict) else {})
+    return out
+
+
+def reward_names_of(per_sample: Sequence[Any]) -> list[str]:
+    """Sorted union of the reward names over a batch (ragged rewards: each sample has a subset)."""
+    names: set[str] = set()
+    for s in per_sample:
+        names.update(_parse(s).keys())
+    return sorted(names)
+
+
+def scores_matrix(per_sample: Sequence[Any], reward_names: Sequence[str]) -> torch.Tensor:
+    """[B, K] float32 scores; NaN where a sample has no such reward."""
+    out = torch.full((len(per_sample), len(reward_names)), float("nan"))
+    col = {n: j for j, n in enumerate(reward_names)}
+    for i, s in enumerate(per_sample):
+        for name, v in _parse(s).items():
+            if name in col and v is not None:
+                out[i, col[name]] = float(v)
+    return out
+
+
+def fill_errored_samples(scores: torch.Tensor, errored: Sequence[bool], index) -> torch.Tensor:
+    """A sample whose verifier raised scores 0 on every reward its group has (never NaN, never dropped)."""
+    if not any(errored):
+        return scores
+    scores = scores.clone()
+    index = np.asarray(index, dtype=object).astype(str)
+    present = ~torch.isnan(scores)
+    for i, bad in enumerate(errored):
+        if not bad:
+            continue
+        group = torch.as_tensor(index == index[i])
+        cols = present[group].any(0)
+        scores[i, cols & torch.isnan(scores[i])] = 0.0
+    return scores
+
+
+@dataclass
+class RewardTable:
+    """The batch's per-reward scores and verifier information, parsed once.
+
+    names: the K reward names (sorted union over the batch); scores: [B, K] (NaN = absent; a sample whose
+    verifier raised has 0 on its group's rewards); contexts: per sample {name: {"text", "placement"}};
+    errors: per sample verifier error ("" if none).
+    """
+
+    names: list[str]
+    scores: torch.Tensor
+    contexts: list[dict]
+    errors: list[str]
+
+    @property
+    def n_errors(self) -> int:
+        return sum(1 for e in self.errors if e)
+
+
+def read_reward_table(extras: Sequence[dict], index) -> RewardTable:
+    """Parse the reward manager's extras of a batch (see module docstring) into a :class:`RewardTable`."""
+    per_sample = [e.get(SCORES_KEY, "{}") for e in extras]
+    names = reward_names_of(per_sample)
+    scores = scores_matrix(per_sample, names)
+    errors = [str(e.get(ERROR_KEY) or "") for e in extras]
+    errored = [bool(err) and not _parse(s) for err, s in zip(errors, per_sample)]
+    scores = fill_errored_samples(scores, errored, index)
+    contexts = [_parse(e.get(CONTEXTS_KEY) or "{}") for e in extras]
+    return RewardTable(names=names, scores=scores, contexts=contexts, errors=errors)

@@ -1,0 +1,128 @@
+"""The lines of verl 0.9.1's advantage step that the recipe re-states, in one labelled place.
+
+verl's ``PPOTrainer._compute_advantage`` (``verl/trainer/ppo/v1/trainer_base.py``, 0.9.1) does four things:
+
+1. read ``uid, response_mask, rm_scores, rollout_log_probs, old_log_probs, ref_log_prob, values`` from
+   TransferQueue into a padded ``DataProto``; ``token_level_rewards = rm_scores`` (or the KL-penalised
+   reward when ``algorithm.use_kl_in_reward``);
+2. rollout correction (IS weights / rejection) when configured, through
+   ``compute_rollout_correction_and_add_to_batch``;
+3. ``compute_advantage_for_multi_trajectories(...)``: the estimator;
+4. write ``advantages, returns`` (+ ``response_mask``, ``rollout_is_weights`` after a rollout correction)
+   back to TransferQueue as nested tensors.
+
+The recipe replaces step 3 only. Steps 1, 2 and 4 are :func:`read_advantage_batch` and
+:func:`write_advantages` below, calling the same verl functions; the KL-in-reward branch is not
+re-stated because ``main_mrtpo`` refuses ``use_kl_in_reward`` with the recipe's estimators (their
+advantage is built from per-reward scores, not from the token-level reward). ``UPSTREAM_SOURCE_SHA256``
+pins verl's method: ``tests/integration/test_verl_seam.py`` fails, with a diff, when verl changes it.
+Everything else of the loop is verl's own (``MRTPOTrainer`` overrides nothing but this step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.workers.utils.padding import response_to_nested
+
+#: the fields verl's step 1 reads (kept in its order), plus what the recipe needs besides
+VERL_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"]
+RECIPE_FIELDS = ["responses"]
+
+#: sha256 of ``textwrap.dedent(inspect.getsource(PPOTrainer._compute_advantage))`` in verl 0.9.1
+UPSTREAM_SOURCE_SHA256 = "ce9f40b2d0cebe1136e7a57bbc3911002e79804fd47737ffd084cb74e6db0fa7"
+
+
+def upstream_source() -> str:
+    """verl's ``PPOTrainer._compute_advantage`` source, dedented (what the guard test hashes)."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    return textwrap.dedent(inspect.getsource(PPOTrainer._compute_advantage))
+
+
+def source_sha256(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def check_upstream(source: str, pinned_copy: str = "") -> None:
+    """Raise when verl's ``_compute_advantage`` is not the one this module re-states (module docstring).
+
+    ``pinned_copy`` (the 0.9.1 source) turns the message into a unified diff of what changed.
+    """
+    if source_sha256(source) == UPSTREAM_SOURCE_SHA256:
+        return
+    import difflib
+
+    diff = "".join(difflib.unified_diff(pinned_copy.splitlines(True), source.splitlines(True), "verl 0.9.1", "installed verl"))
+    raise RuntimeError(
+        "verl's PPOTrainer._compute_advantage changed: re-check recipe/mrtpo/verl_seam.py (read_advantage_batch, "
+        "write_advantages) against it, then update UPSTREAM_SOURCE_SHA256 and the pinned copy.\n" + diff
+    )
+
+
+@dataclass
+class AdvantageBatch:
+    """verl's padded view of the batch for the advantage step (steps 1-2), plus what step 4 needs."""
+
+    data: DataProto  # padded [B, T] tensors; non_tensor_batch["uid"]
+    response_mask_nested: Any  # the nested mask, the layout step 4 writes back in
+    rollout_correction: bool  # step 2 ran: step 4 also writes response_mask / rollout_is_weights
+
+    @property
+    def uid(self) -> np.ndarray:
+        return self.data.non_tensor_batch["uid"]
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        return self.data.batch["response_mask"]
+
+
+def read_advantage_batch(config, batch, metrics: dict) -> AdvantageBatch:
+    """Steps 1 and 2 of verl's advantage step (module docstring), without the KL-in-reward branch."""
+    if config.algorithm.use_kl_in_reward:  # refused at composition (main_mrtpo); never silently ignored
+        raise ValueError("algorithm.use_kl_in_reward is not supported with the recipe's estimators")
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=VERL_FIELDS + RECIPE_FIELDS)
+    response_mask = data["response_mask"]
+    data = DataProto(batch=data.to_padded_tensor())
+    data.batch["token_level_scores"] = data.batch["rm_scores"]
+    data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+
+    rollout_corr_config = config.algorithm.get("rollout_correction", None)
+    bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
+    rollout_correction = rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass_recomputing_logprobs
+    if rollout_correction:
+        data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
+        metrics.update(is_metrics)
+    return AdvantageBatch(data=data, response_mask_nested=response_mask, rollout_correction=bool(rollout_correction))
+
+
+def write_advantages(batch, adv_batch: AdvantageBatch, advantages: torch.Tensor, returns: torch.Tensor):
+    """Step 4 of verl's advantage step: nested ``advantages``/``returns`` (and the rollout-correction
+    fields) back to TransferQueue. Returns verl's updated batch meta."""
+    data = adv_batch.data
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    fields = ["advantages", "returns"]
+    if adv_batch.rollout_correction:
+        fields.append("response_mask")
+        if "rollout_is_weights" in data.batch:
+            fields.append("rollout_is_weights")
+    output = {f: response_to_nested(data.batch[f], adv_batch.response_mask_nested) for f in fields}
+    output = TensorDict(output, batch_size=len(batch))
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+
+def fetch_fields(batch, fields: list[str]):
+    """Other per-sample fields of the batch from TransferQueue (e.g. ``extra_fields``, ``raw_prompt``)."""
+    return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)

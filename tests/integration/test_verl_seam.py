@@ -1,0 +1,47 @@
+"""Guard of the only lines the recipe re-states from verl: the advantage step's fetch and write-back.
+
+``recipe/mrtpo/verl_seam.py`` mirrors steps 1, 2 and 4 of verl 0.9.1's ``PPOTrainer._compute_advantage``.
+These tests fail when the installed verl's method is not the pinned one (with a diff against the copy in
+``tests/integration/data/``), and check the mirrored details against the upstream text itself.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from recipe.mrtpo import verl_seam
+
+PINNED = Path(__file__).resolve().parent / "data" / "verl_0.9.1_compute_advantage.py.txt"
+
+
+def test_upstream_method_is_the_pinned_one():
+    verl_seam.check_upstream(verl_seam.upstream_source(), PINNED.read_text())
+
+
+def test_the_guard_notices_a_changed_upstream_line():
+    src = verl_seam.upstream_source()
+    changed = src.replace('fields = ["advantages", "returns"]', 'fields = ["advantages", "returns", "token_level_rewards"]')
+    assert changed != src
+    with pytest.raises(RuntimeError, match=r"(?s)changed.*\+\s+fields = \[\"advantages\", \"returns\", \"token_level_rewards\"\]"):
+        verl_seam.check_upstream(changed, PINNED.read_text())
+
+
+def test_mirrored_details_match_the_upstream_text():
+    src = verl_seam.upstream_source()
+    fetched = re.search(r"fields = (\[[^\]]*\])\n\s+data = tq\.kv_batch_get", src)
+    assert fetched and eval(fetched.group(1)) == verl_seam.VERL_FIELDS  # step 1 reads the same fields
+    for line in (
+        'data.batch["token_level_scores"] = data.batch["rm_scores"]',
+        'data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)',
+        'rollout_corr_config = self.config.algorithm.get("rollout_correction", None)',
+        'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)',
+        "data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",
+        'fields.append("response_mask")',
+        'if "rollout_is_weights" in data.batch:',
+        "output[field] = response_to_nested(data.batch[field], response_mask)",
+        "batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)",
+    ):
+        assert line in src, line
+    seam = Path(verl_seam.__file__).read_text()
+    assert "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)" in seam
