@@ -6,7 +6,8 @@ For each response length T (batch 1, Qwen2's vocabulary by default) and the same
 tensors, it times and measures the peak extra memory (RSS sampled every millisecond above the level
 before the call) of:
 
-- ``chunked_js``: :func:`recipe.mrtpo.core.relevance.js_distance_from_logits` (what the replay runs);
+- ``chunked_js``: :func:`recipe.mrtpo.core.relevance.js_distance_from_logits` (what the replay runs;
+  the relevance q of ``docs/design.md`` §1.2);
 - ``compiled_js`` (with ``--compiled``): the same with ``compiled=True`` (``mrtpo.compile_js``), timed
   after one compiling call;
 - ``naive_js``: the textbook JSD with every [T, V] temporary in fp32 at once (skipped above --naive-max);
@@ -15,8 +16,8 @@ before the call) of:
 - ``verl_logprob_x2``: the same on both tensors (the replay has two forwards' logits).
 
 It prints the ratios chunked_js / verl_logprob and chunked_js / verl_logprob_x2 (and compiled_js /
-verl_logprob). Goals (issue 2):
-JS time <= 3x the log-prob extraction; the JS's peak extra memory flat in T (one chunk).
+verl_logprob). Goals (README, "Performance"): JS time <= 3x the log-prob extraction; the JS's peak extra
+memory flat in T (one chunk). Run from the repository root with the recipe installed (``pip install -e .``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 import os
 import threading
 import time
+from typing import Optional
 
 import psutil
 import torch
@@ -83,7 +85,30 @@ def measure(fn, repeats: int):
     return best, peak
 
 
-def main() -> None:
+def bench_length(T: int, V: int, dtype: torch.dtype, chunk: int, g: torch.Generator, args, logprobs_from_logits) -> str:
+    """One row of the table: every kernel timed on the same pair of [1, T, V] logits drawn from ``g``."""
+    a = (torch.randn(1, T, V, generator=g) * 2).to(dtype)
+    b = (a.float() + torch.randn(1, T, V, generator=g) * 0.5).to(dtype)
+    mask = torch.ones(1, T)
+    ids = torch.randint(0, V, (1, T), generator=g)
+    js = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk), args.repeats)
+    cjs = None
+    if args.compiled:
+        cjs = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk, compiled=True), args.repeats)
+    naive = measure(lambda: naive_js(a, b), args.repeats) if T <= args.naive_max else None
+    lp = measure(lambda: logprobs_from_logits(a.float(), ids), args.repeats)
+    lp2 = measure(lambda: (logprobs_from_logits(a.float(), ids), logprobs_from_logits(b.float(), ids)), args.repeats)
+
+    def fmt(r):
+        return f"{'skipped':>17}" if r is None else f"{r[0] * 1e3:8.1f}ms {r[1]:6.0f}MiB"
+
+    line = f"{T:>6} | {fmt(js)} | {fmt(naive)} | {fmt(lp)} | {fmt(lp2)} | {js[0] / lp[0]:6.2f} | {js[0] / lp2[0]:8.2f}"
+    if cjs is not None:
+        line += f" | {fmt(cjs)} | {cjs[0] / lp[0]:6.2f} | {js[0] / cjs[0]:6.2f}"
+    return line
+
+
+def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
@@ -92,7 +117,7 @@ def main() -> None:
     ap.add_argument("--naive-max", type=int, default=1024, help="skip the naive JS above this T (memory)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compiled", action="store_true", help="also time the torch.compile'd kernel (mrtpo.compile_js)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from verl.utils.torch_functional import logprobs_from_logits
 
@@ -107,26 +132,7 @@ def main() -> None:
     print("-" * len(header))
     g = torch.Generator().manual_seed(0)
     for T in args.lengths:
-        a = (torch.randn(1, T, V, generator=g) * 2).to(dtype)
-        b = (a.float() + torch.randn(1, T, V, generator=g) * 0.5).to(dtype)
-        mask = torch.ones(1, T)
-        ids = torch.randint(0, V, (1, T), generator=g)
-        js = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk), args.repeats)
-        cjs = None
-        if args.compiled:
-            cjs = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk, compiled=True), args.repeats)
-        naive = measure(lambda: naive_js(a, b), args.repeats) if T <= args.naive_max else None
-        lp = measure(lambda: logprobs_from_logits(a.float(), ids), args.repeats)
-        lp2 = measure(lambda: (logprobs_from_logits(a.float(), ids), logprobs_from_logits(b.float(), ids)), args.repeats)
-
-        def fmt(r):
-            return f"{'skipped':>17}" if r is None else f"{r[0] * 1e3:8.1f}ms {r[1]:6.0f}MiB"
-
-        line = f"{T:>6} | {fmt(js)} | {fmt(naive)} | {fmt(lp)} | {fmt(lp2)} | {js[0] / lp[0]:6.2f} | {js[0] / lp2[0]:8.2f}"
-        if cjs is not None:
-            line += f" | {fmt(cjs)} | {cjs[0] / lp[0]:6.2f} | {js[0] / cjs[0]:6.2f}"
-        print(line)
-        a = b = None  # free before the next length
+        print(bench_length(T, V, dtype, chunk, g, args, logprobs_from_logits))  # its tensors freed before the next T
     print("(time: best of --repeats; memory: peak RSS above the level before the call)")
 
 

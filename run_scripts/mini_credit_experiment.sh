@@ -6,7 +6,7 @@
 #
 #   bash run_scripts/mini_credit_experiment.sh                       # 4 methods x 3 seeds x 20 steps, ~60 min on 2 cores
 #   SEEDS="0 1 2" STEPS=12 bash run_scripts/mini_credit_experiment.sh
-#   METHODS="gdpo mrtpo" OUT=outputs/mini_ab bash run_scripts/mini_credit_experiment.sh --lr 5e-4   # extra args: mini_experiment's
+#   METHODS="gdpo mrtpo" OUT=outputs/mini_ab bash run_scripts/mini_credit_experiment.sh --lr 5e-4   # extra args: python -m experiments.mini_credit's
 #
 # Each verl run needs ~10 GiB of memory and ~4 min (start-up ~100 s + ~7 s a step); runs go one at a
 # time. Finished runs are kept, so re-running resumes; add --analyse-only to only rebuild the table.
@@ -21,5 +21,5 @@ OUT="${OUT:-outputs/mini_credit}"
 bash run_scripts/setup.sh || { echo "[mini] ERROR: setup failed (see above)" >&2; exit 1; }
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # SEEDS and METHODS are word lists
-exec "${MRTPO_VENV:-$ROOT/.venv}/bin/python" -m experiments.mini_credit.harness --out "$OUT" --seeds $SEEDS --steps "$STEPS" \
+exec "${MRTPO_VENV:-$ROOT/.venv}/bin/python" -m experiments.mini_credit --out "$OUT" --seeds $SEEDS --steps "$STEPS" \
     --methods $METHODS --threshold "$THRESHOLD" "$@"

@@ -4,7 +4,7 @@
   occurrence wins, hostile input never raises, Z_k = the field's request sentence, found in the prompt;
 - the builder (``data_prep.synthetic_slots``): byte-identical files for the same seed, disjoint splits,
   demonstrations right at the asked rate and always well-formed;
-- the localisation metric (``experiments.mini_credit.harness``) on hand-made relevance dumps with known answers;
+- the localisation metric (``experiments.mini_credit.localisation``) on hand-made relevance dumps with known answers;
 - the SFT warm start's training step on a few examples lowers the loss (a tiny stand-in model);
 - the per-method verl overrides and the results table built from a hand-made run folder.
 """
@@ -14,13 +14,20 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from data_prep import synthetic_slots as builder
-from experiments.mini_credit import harness as mx
+from experiments.mini_credit.cli import main as experiment_main
+from experiments.mini_credit.common import ExperimentError
+from experiments.mini_credit.localisation import localisation_records, read_positions, summarise_localisation
+from experiments.mini_credit.results import analyse
+from experiments.mini_credit.runs import method_overrides
+from experiments.mini_credit.warm_start import encode_sft_examples, response_vocabulary, sft_loss, sft_train
 from recipe.mrtpo.core.prompt_variants import remove_from_messages
 from recipe.mrtpo.tasks import get_task
 from recipe.mrtpo.tasks.base import RewardResult
@@ -197,11 +204,11 @@ FORM = [(1, "Form"), (2, ":"), (3, " B"), (4, "="), (5, "5"), (6, " C"), (4, "="
 
 def test_read_positions_are_the_value_tokens():
     ids, toks = [t for t, _ in FORM], [s for _, s in FORM]
-    assert [mx.read_positions(ids, toks, len(FORM), x) for x in "ABCD"] == [[10], [4], [7], []]
+    assert [read_positions(ids, toks, len(FORM), x) for x in "ABCD"] == [[10], [4], [7], []]
     # a special token inside the text is skipped (the verifier never sees it), multi-token values count whole
     ids2, toks2 = [1, 8, 4, IM_END, 9, 9], ["Form", " A", "=", "<|im_end|>", "1", "2"]
-    assert mx.read_positions(ids2, toks2, 6, "A") == [4, 5]
-    assert mx.read_positions(ids2, toks2, 5, "A") == [4]  # only the valid prefix is read
+    assert read_positions(ids2, toks2, 6, "A") == [4, 5]
+    assert read_positions(ids2, toks2, 5, "A") == [4]  # only the valid prefix is read
 
 
 def test_localisation_records_on_a_hand_made_dump():
@@ -215,7 +222,7 @@ def test_localisation_records_on_a_hand_made_dump():
     rel[1, 0, :5] = 1.0  # second response lacks the A field: absent
     replayed = torch.tensor([[True, True, False], [True, False, False]])
     short = FORM[:5] + [(IM_END, "<|im_end|>")]  # "Form: B=5"
-    recs = mx.localisation_records(_dump([FORM, short], rel, replayed))
+    recs = localisation_records(_dump([FORM, short], rel, replayed))
     by = {(r["sample"], r["reward"]): r for r in recs}
     assert set(by) == {(0, "slot_A"), (0, "slot_B"), (1, "slot_A")}
     a, b, gone = by[(0, "slot_A")], by[(0, "slot_B")], by[(1, "slot_A")]
@@ -223,7 +230,7 @@ def test_localisation_records_on_a_hand_made_dump():
     assert b["precision"] == pytest.approx(0.2) and not b["top1"]
     assert a["cross"] == 0 and b["cross"] == pytest.approx(0.8)  # B's mass on C's value token leaked
     assert gone["absent"] and "precision" not in gone
-    s = mx.summarise_localisation(recs)
+    s = summarise_localisation(recs)
     assert s["pairs"] == 2 and s["absent"] == 1
     assert s["precision"] == pytest.approx(0.4) and s["top1"] == pytest.approx(0.5)
     assert s["cross"] == pytest.approx(0.4)
@@ -234,10 +241,10 @@ def test_localisation_records_on_a_hand_made_dump():
 def test_dumps_without_relevance_or_mass_give_nothing():
     rel = torch.zeros(1, 3, len(FORM))
     d = _dump([FORM], rel, torch.ones(1, 3, dtype=torch.bool))
-    assert mx.localisation_records(d) == []  # zero q mass everywhere
+    assert localisation_records(d) == []  # zero q mass everywhere
     d["relevance"] = None
-    assert mx.localisation_records(d) == []  # warm-up step / non-replay method
-    assert mx.summarise_localisation([])["precision"] is None
+    assert localisation_records(d) == []  # warm-up step / non-replay method
+    assert summarise_localisation([])["precision"] is None
 
 
 # ------------------------------------------------------------------------------------------------- SFT
@@ -265,14 +272,14 @@ def _toy_examples(n=24, seed=0):
 @pytest.mark.parametrize("restricted,train_embeddings", [(True, False), (False, True)])  # phases 1-2, phase 3
 def test_sft_steps_lower_the_loss(restricted, train_embeddings):
     model, ex = _toy_model(), _toy_examples()
-    vocab = mx.response_vocabulary(ex) if restricted else None
+    vocab = response_vocabulary(ex) if restricted else None
     with torch.no_grad():
-        before = float(mx.sft_loss(model, ex, 0, vocab))
+        before = float(sft_loss(model, ex, 0, vocab))
     emb_before = model.get_input_embeddings().weight.detach().clone()
-    losses = mx.sft_train(model, ex, steps=40, batch_size=8, lr=1e-2, pad_id=0, vocab=vocab,
+    losses = sft_train(model, ex, steps=40, batch_size=8, lr=1e-2, pad_id=0, vocab=vocab,
                           train_embeddings=train_embeddings)
     with torch.no_grad():
-        after = float(mx.sft_loss(model, ex, 0, vocab))
+        after = float(sft_loss(model, ex, 0, vocab))
     assert len(losses) == 40 and all(math.isfinite(v) for v in losses)
     assert after < 0.7 * before, (before, after)
     assert torch.equal(model.get_input_embeddings().weight, emb_before) != train_embeddings  # frozen or not...
@@ -286,9 +293,9 @@ def test_sft_loss_counts_response_tokens_only():
     with torch.no_grad():
         logits = model(torch.tensor([[5, 6, 7, 8]])).logits[0]
         want = torch.nn.functional.cross_entropy(logits[2:4], torch.tensor([8, 1]))
-        assert float(mx.sft_loss(model, ex[:1], 0)) == pytest.approx(float(want), rel=1e-5)
-    with pytest.raises(mx.ExperimentError, match="outside"):
-        mx.sft_loss(model, ex, 0, vocab=[8, 1])
+        assert float(sft_loss(model, ex[:1], 0)) == pytest.approx(float(want), rel=1e-5)
+    with pytest.raises(ExperimentError, match="outside"):
+        sft_loss(model, ex, 0, vocab=[8, 1])
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +310,7 @@ def qwen_tokenizer(tmp_path_factory):
 def test_sft_examples_match_the_rollout_prompt_and_end_with_eos(qwen_tokenizer, splits):
     tok = qwen_tokenizer
     rows = splits["sft"][:3]
-    demo, gold = mx.encode_sft_examples(tok, rows, "demo"), mx.encode_sft_examples(tok, rows, "gold")
+    demo, gold = encode_sft_examples(tok, rows, "demo"), encode_sft_examples(tok, rows, "gold")
     for r, (p, y), (p2, g) in zip(rows, demo, gold):
         assert p == p2 == tok.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=True)["input_ids"]
         assert y[-1] == g[-1] == tok.eos_token_id
@@ -311,8 +318,8 @@ def test_sft_examples_match_the_rollout_prompt_and_end_with_eos(qwen_tokenizer, 
         assert set(score_synthetic_slots(tok.decode(g[:-1]), r["reward_model"]["ground_truth"]).scores.values()) == {1.0}
     # every field is " X", "=", digit: one token each (what "the token a reward reads" relies on)
     assert [tok.decode([t]) for t in tok.encode("Form: B=5 C=8 A=3")] == ["Form", ":", " B", "=", "5", " C", "=", "8", " A", "=", "3"]
-    with pytest.raises(mx.ExperimentError, match="demo"):
-        mx.encode_sft_examples(tok, splits["train"][:1], "demo")
+    with pytest.raises(ExperimentError, match="demo"):
+        encode_sft_examples(tok, splits["train"][:1], "demo")
 
 
 # ---------------------------------------------------------------------------------- runs and the table
@@ -320,7 +327,7 @@ def test_sft_examples_match_the_rollout_prompt_and_end_with_eos(qwen_tokenizer, 
 
 def test_method_overrides(tmp_path):
     def ov(method):
-        return mx.method_overrides(method, tmp_path / "m", tmp_path / "d.parquet", tmp_path / "run", seed=7, steps=5,
+        return method_overrides(method, tmp_path / "m", tmp_path / "d.parquet", tmp_path / "run", seed=7, steps=5,
                                    lr=1e-3, beta=0.5, warmup=1)
 
     for method, est in (("grpo", "grpo"), ("gdpo", "gdpo"), ("mrtpo", "mrtpo"), ("shuffle", "mrtpo")):
@@ -331,7 +338,7 @@ def test_method_overrides(tmp_path):
         assert ("mrtpo.dump.every_n_steps=1" in o) == (method in ("mrtpo", "shuffle"))
         keys = [x.split("=", 1)[0] for x in o]
         assert len(keys) == len(set(keys)), "an override is given twice"
-    with pytest.raises(mx.ExperimentError, match="unknown method"):
+    with pytest.raises(ExperimentError, match="unknown method"):
         ov("ppo")
 
 
@@ -359,7 +366,7 @@ def test_analyse_writes_the_table_from_runs(tmp_path):
     _fake_run(tmp_path / "runs", "mrtpo", 0, {"slot_A": [0.5, 0.9, 0.9, 1.0], "slot_B": [0.5, 0.5, 0.5, 0.5]}, dump)
     (tmp_path / "runs" / "mrtpo_seed0" / "relevance_dumps" / "step_000003.pt").write_bytes(b"PK\x03\x04 cut short")
     logged = []
-    res = mx.analyse(tmp_path, ["gdpo", "mrtpo"], [0, 1], threshold=0.8, final_window=2, log=logged.append)
+    res = analyse(tmp_path, ["gdpo", "mrtpo"], [0, 1], threshold=0.8, final_window=2, log=logged.append)
     assert res["runs"]["mrtpo_seed0"]["dumps_unreadable"] == 1 and any("step_000003.pt" in m for m in logged)
     t = res["table"]
     assert t["gdpo"]["seeds"] == 2 and t["mrtpo"]["seeds"] == 1
@@ -384,9 +391,18 @@ def test_analyse_only_exits_nonzero_when_a_run_failed(tmp_path, capsys):
     res = tmp_path / "runs" / "grpo_seed0" / "result.json"
     res.write_text(json.dumps({**json.loads(res.read_text()), "ok": False}))
     argv = ["--out", str(tmp_path), "--seeds", "0", "--methods", "gdpo", "grpo", "--analyse-only", "--final-window", "1"]
-    assert mx.main(argv) == 1
+    assert experiment_main(argv) == 1
     assert "grpo_seed0" in capsys.readouterr().err
     md = (tmp_path / "results.md").read_text()
     assert "| gdpo | 1 |" in md and "| grpo | 0 |" in md  # written, the failed run left out
     res.write_text(json.dumps({**json.loads(res.read_text()), "ok": True}))
-    assert mx.main(argv) == 0
+    assert experiment_main(argv) == 0
+
+
+def test_experiment_runs_as_a_module():
+    res = subprocess.run([sys.executable, "-m", "experiments.mini_credit", "--help"], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python -m experiments.mini_credit ")
+    for flag in ("--out", "--seeds", "--steps", "--methods", "--threshold", "--prepare-only", "--analyse-only"):
+        assert flag in res.stdout

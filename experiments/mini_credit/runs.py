@@ -1,0 +1,111 @@
+"""The runs of the miniature experiment: per seed the data and the warm-started model
+(:func:`prepare_seed`), then one verl run per method (:func:`run_method`, with the overrides of
+:func:`method_overrides`) through ``python -m recipe.mrtpo.main_mrtpo`` on CPU.
+
+A run that finished with the same overrides and weights is kept (``result.json`` holds its key), so an
+interrupted experiment resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from data_prep.common import sha256_file
+from experiments.mini_credit.common import METHODS, REPLAY_METHODS, TASK, ExperimentError
+from experiments.mini_credit.warm_start import SFTConfig, sft_warm_start
+from recipe.mrtpo.tools.verl_log import STEP_LINE
+
+
+def method_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int, steps: int, lr: float,
+                     beta: float, warmup: int, samples_per_step: int = 16) -> list[str]:
+    """The verl overrides of one run: :func:`recipe.mrtpo.cpu.launcher.tiny_run_overrides` (4 prompts x 4
+    responses of <= 24 tokens) plus the method's estimator and switches, the seed, and relevance dumps
+    of every response for the replay methods."""
+    from recipe.mrtpo.cpu.launcher import tiny_run_overrides
+
+    if method not in METHODS:
+        raise ExperimentError(f"unknown method {method!r}; known: {sorted(METHODS)}")
+    estimator, extra = METHODS[method]
+    ov = [
+        *tiny_run_overrides(model, data, run_dir, estimator, steps, lr=lr),
+        *extra,
+        "trainer.save_freq=-1",
+        "trainer.project_name=mrtpo_mini_credit",
+        f"trainer.experiment_name={method}_seed{seed}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"mrtpo.seed={seed}",
+        f"mrtpo.beta={beta}",
+        f"mrtpo.warmup_steps={warmup}",
+    ]
+    if method in REPLAY_METHODS:
+        ov += ["mrtpo.dump.every_n_steps=1", f"mrtpo.dump.max_samples={samples_per_step}",
+               f"mrtpo.dump.dir={Path(run_dir) / 'relevance_dumps'}"]
+    return ov
+
+
+def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,
+               warmup: int, timeout_s: float, model_name: str, log: Callable[[str], None] = print) -> dict:
+    """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it."""
+    from recipe.mrtpo.cpu.launcher import run_cpu
+
+    run_dir = Path(runs_dir) / f"{method}_seed{seed}"
+    overrides = method_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
+    key = hashlib.sha256(json.dumps([overrides, sha256_file(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
+    result_path = run_dir / "result.json"
+    if result_path.is_file():
+        try:
+            old = json.loads(result_path.read_text())
+            if old.get("key") == key and old.get("ok"):
+                log(f"[mini] {method} seed {seed}: done before, kept ({run_dir})")
+                return old
+        except ValueError:
+            pass
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"method": method, "task": TASK, "seed": seed, "model": model_name}))
+    t0 = time.monotonic()
+    log(f"[mini] {method} seed {seed}: starting verl ({steps} steps) ...")
+
+    def progress(line: str) -> None:
+        m = STEP_LINE.search(line)
+        if m:
+            log(f"[mini]   {method} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
+
+    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
+    ok = (not res.timed_out) and res.returncode == 0 and sorted(res.steps) == list(range(1, steps + 1))
+    result = {"method": method, "seed": seed, "key": key, "ok": ok, "returncode": res.returncode,
+              "timed_out": res.timed_out, "wall_s": res.wall_s, "first_step_at_s": res.first_step_at_s,
+              "peak_pss_gib": res.peak_pss_gib, "steps_logged": sorted(res.steps), "log": res.log_path.name}
+    result_path.write_text(json.dumps(result, indent=1))
+    if not ok:
+        log(f"[mini] {method} seed {seed}: FAILED (exit {res.returncode}, timed out {res.timed_out}, "
+            f"steps {sorted(res.steps)}); log {res.log_path}\n{res.tail(25)}")
+    else:
+        log(f"[mini] {method} seed {seed}: {res.wall_s:.0f} s, peak {res.peak_pss_gib:.1f} GiB PSS")
+    return result
+
+
+
+def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print) -> dict:
+    """Data (``sdir/data``), the random init (``sdir/init``) and the warm-started model (``sdir/sft_model``)."""
+    from data_prep import synthetic_slots as builder
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+
+    data_dir = sdir / "data"
+    rc = builder.main(["--out-dir", str(data_dir), "--seed", str(seed), "--slots", str(args.slots),
+                       "--n-sft", str(args.n_sft), "--p-correct", str(args.p_correct)])
+    if rc != 0:
+        raise ExperimentError(f"building the data for seed {seed} failed")
+    heads = args.hidden // 32
+    base = build_tiny_qwen2(sdir / "init", hidden_size=args.hidden, num_layers=args.layers,
+                            num_heads=heads, num_kv_heads=max(1, heads // 2), seed=seed)
+    cfg = SFTConfig(gold_steps=args.sft_gold_steps, demo_steps=args.sft_demo_steps, full_steps=args.sft_full_steps)
+    return sft_warm_start(base, data_dir / "sft.parquet", data_dir / "test.parquet", sdir / "sft_model", cfg,
+                          seed=seed, log=log)
+
