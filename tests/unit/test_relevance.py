@@ -8,7 +8,6 @@ import torch
 from recipe.mrtpo.core.relevance import (
     js_distance_from_logits,
     logprob_contrast_from_logits,
-    relevance_from_logits,
     sampled_logprobs_from_logits,
 )
 
@@ -137,7 +136,6 @@ def test_sampled_logprobs_and_contrast():
     la = torch.log_softmax(a, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     lb = torch.log_softmax(b, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(c, (la - lb).abs() * mask, atol=1e-5)
-    assert torch.equal(relevance_from_logits(a, b, mask, ids=ids, measure="logprob_contrast"), c)
     assert logprob_contrast_from_logits(a, a, ids, mask).abs().max() == 0
 
 
@@ -149,8 +147,6 @@ def test_bad_arguments_raise():
         js_distance_from_logits(a, b[:, :-1], torch.ones(a.shape[:2]))
     with pytest.raises(ValueError):
         js_distance_from_logits(a, b, torch.ones(1, 1))
-    with pytest.raises(ValueError):
-        relevance_from_logits(a, b, torch.ones(a.shape[:2]), measure="logprob_contrast")
 
 
 def _has_inductor_toolchain() -> bool:

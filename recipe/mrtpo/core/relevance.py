@@ -301,19 +301,3 @@ def logprob_contrast_from_logits(
     lb = sampled_logprobs_from_logits(logits_b, ids, mask, temperature, chunk_size).clamp_(min=_LOGP_FLOOR)
     return (la - lb).abs_() * mask.to(la.dtype)
 
-
-def relevance_from_logits(
-    logits_p: torch.Tensor,
-    logits_q: torch.Tensor,
-    mask: torch.Tensor,
-    ids: Optional[torch.Tensor] = None,
-    temperature: float = 1.0,
-    measure: str = "js_distance",
-    chunk_size: Optional[int] = None,
-) -> torch.Tensor:
-    """Dispatch on ``measure``: ``js_distance`` / ``js_divergence`` (MRTPO) or ``logprob_contrast`` (CoRT)."""
-    if measure == "logprob_contrast":
-        if ids is None:
-            raise ValueError("measure='logprob_contrast' needs the sampled ids")
-        return logprob_contrast_from_logits(logits_p, logits_q, ids, mask, temperature, chunk_size)
-    return js_distance_from_logits(logits_p, logits_q, mask, temperature, measure, chunk_size)
