@@ -12,12 +12,11 @@ from pathlib import Path
 
 from experiments.mini_credit.common import REPLAY_METHODS, ExperimentError
 from experiments.mini_credit.localisation import load_dumps, localisation_records, summarise_localisation
+from recipe.mrtpo.tools.report.series import first_reach, mean_spread, reward_series
 from recipe.mrtpo.tools.verl_log import parse_console_log
 
 
 def _mean_std(values):
-    from recipe.mrtpo.tools.report.build import mean_spread
-
     return mean_spread(values)
 
 
@@ -32,8 +31,6 @@ def run_metrics(log_path: Path, threshold: float, window: int) -> dict:
     """Per reward of one run: the batch-mean series; its value at the start and at the end (means of the
     first and of the last ``window`` logged steps); and the first step at which the mean of the last
     ``window`` steps reaches ``threshold`` (a batch of 16 binary scores alone is too noisy to call reached)."""
-    from recipe.mrtpo.tools.report.build import first_reach, reward_series
-
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     steps, _ = parse_console_log(Path(log_path).read_text(errors="replace"))
