@@ -20,7 +20,7 @@ model copies the labels from it at a fixed distance, and removing a request sent
 that distance unchanged (with the order sentence first, every P_minus_k shifted it and moved every
 label's prediction, whatever the reward). Every `` X``, ``=`` and digit is one Qwen2 token, so "the
 positions reward k reads" is a well-defined token set (:func:`slot_value_spans` gives its character
-span; ``experiments.mini_credit.harness.read_positions`` maps it to tokens).
+span; ``experiments.mini_credit.localisation.read_positions`` maps it to tokens).
 
 Public names: :data:`DATA_SOURCE`, :data:`LABELS`, :data:`VALUES`, :data:`PREAMBLES`, :data:`ANSWER_PREFIX`,
 :func:`reward_name`, :func:`request_sentence`, :func:`order_sentence`, :func:`prompt_text`,

@@ -41,15 +41,12 @@ from recipe.mrtpo.tools.report.names import method_sort
 from recipe.mrtpo.tools.report.plots import plot_curves, plot_threshold
 from recipe.mrtpo.tools.report.series import (
     curve_stats,
-    first_reach,
-    mean_spread,
     reward_series,
     threshold_results,
 )
 from recipe.mrtpo.tools.report.table import build_table, render_table
 
-# first_reach, mean_spread and reward_series are also offered here, where the experiments import them from
-__all__ = ["build_report", "first_reach", "main", "mean_spread", "reward_series"]
+__all__ = ["build_report", "main"]
 
 
 def _slug(text: str) -> str:
