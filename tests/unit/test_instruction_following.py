@@ -430,27 +430,91 @@ def test_non_string_responses_do_not_crash():
     assert IF.score(12345, gt).scores == {"punctuation:no_comma": 1.0}
 
 
-def test_response_length_limit(monkeypatch):
+def _official_strict(checker, response):
+    # Google's evaluation_main.test_instruction_following_strict (lm-eval's ifeval/utils.py), per instruction
+    return bool(response.strip() and checker.check_following(response))
+
+
+def _official_loose(checker, response):
+    # ... test_instruction_following_loose, transcribed
+    r = response.split("\n")
+    response_remove_first = "\n".join(r[1:]).strip()
+    response_remove_last = "\n".join(r[:-1]).strip()
+    response_remove_both = "\n".join(r[1:-1]).strip()
+    revised_response = response.replace("*", "")
+    all_responses = [response, revised_response, response_remove_first, response_remove_last,
+                     response_remove_both, response_remove_first.replace("*", ""),
+                     response_remove_last.replace("*", ""), response_remove_both.replace("*", "")]
+    return any(x.strip() and checker.check_following(x) for x in all_responses)
+
+
+_SHAPES = [
+    "Hello world", "\nHello world", "Hello world\n", "\n\nFirst paragraph.\n\nSecond one.", "  padded  ",
+    "Title line\n*body* with stars\nlast line", "\n", "", "<think>never closed, with, commas",
+    "<think>reason</think>\n\nThe ANSWER is here.", "P.S. at the start\nthen text\nP.S. again",
+    "* one\n* two\n* three\n", "SECTION 1\nfoo\nSECTION 2\nbar\n",
+]
+_IDS = [("punctuation:no_comma", {}), ("detectable_format:number_bullet_lists", {"num_bullets": 3}),
+        ("length_constraints:number_paragraphs", {"num_paragraphs": 2}),
+        ("startend:end_checker", {"end_phrase": "last line"}), ("change_case:english_capital", {}),
+        ("detectable_content:postscript", {"postscript_marker": "P.S."}),
+        ("length_constraints:number_words", {"num_words": 3, "relation": "less than"}),
+        ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 2})]
+
+
+@pytest.mark.parametrize("response", _SHAPES, ids=range(len(_SHAPES)))
+def test_evaluation_equals_the_official_functions(response):
+    gt = _gt(*_IDS)
+    strict = IF.evaluate(response, gt, mode="strict")
+    loose = IF.evaluate(response, gt, mode="loose")
+    for key, (iid, kwargs) in zip(IF.reward_keys([i for i, _ in _IDS]), _IDS):
+        checker, _ = IF._build_checker(iid, IF.clean_kwargs(kwargs))
+        assert strict.scores[key] == float(_official_strict(checker, response)), (iid, response)
+        assert loose.scores[key] == float(_official_loose(checker, response)), (iid, response)
+
+
+def test_loose_variants_are_the_official_ones():
+    v = IF.loose_variants("\n*a*\nb\n")
+    assert v == ["\n*a*\nb\n", "\na\nb\n", "*a*\nb", "*a*\nb", "*a*\nb", "a\nb", "a\nb", "a\nb"]
+
+
+def test_leading_newline_is_not_stripped_in_evaluation():
+    # official: the leading empty line is the "first line"; removing it keeps the comma line
+    gt = _gt(("punctuation:no_comma", {}))
+    assert IF.evaluate("\nHello, world\nno commas here", gt, mode="loose").scores["punctuation:no_comma"] == 0.0
+    assert IF.evaluate("Hello, world\nno commas here", gt, mode="loose").scores["punctuation:no_comma"] == 1.0
+
+
+def test_reasoning_option():
+    gt = _gt(("punctuation:no_comma", {}))
+    unterminated = "<think>a, b, c"
+    assert IF.evaluate(unterminated, gt).scores["punctuation:no_comma"] == 0.0  # official: commas present
+    assert IF.evaluate("<think>abc", gt).scores["punctuation:no_comma"] == 1.0  # official: checked as is
+    r = IF.evaluate("<think>abc", gt, strip_reasoning=True)
+    assert r.scores["punctuation:no_comma"] == 0.0 and r.info["errors"]["punctuation:no_comma"].startswith("NoAnswer")
+    assert IF.evaluate("<think>a, b</think>\n\nfine", gt, strip_reasoning=True).scores["punctuation:no_comma"] == 1.0
+    assert IF.evaluate("<think>a, b</think>\n\nfine", gt).scores["punctuation:no_comma"] == 0.0
+    assert IF.strip_reasoning_block("x</think>\n\n y") == "y"
+    assert IF.strip_reasoning_block("no block") == "no block"
+    assert IF.strip_reasoning_block("  <think> open") is None
+
+
+def test_long_response_gets_the_official_verdict():
     gt = _gt(("punctuation:no_comma", {}), ("keywords:existence", {"keywords": ["a"]}))
-    limit = IF.DEFAULT_MAX_RESPONSE_CHARS
-    assert IF.score("a" * limit, gt).scores == {"punctuation:no_comma": 1.0, "keywords:existence": 1.0}
-    r = IF.score("a" * (limit + 1), gt)
-    assert r.scores == {"punctuation:no_comma": 0.0, "keywords:existence": 0.0}
-    assert all(e.startswith("ResponseTooLong:") for e in r.info["errors"].values()) and len(r.info["errors"]) == 2
-    assert IF.evaluate("a" * (limit + 1), gt, max_chars=None).scores == {
-        "punctuation:no_comma": 1.0,
-        "keywords:existence": 1.0,
-    }
-    assert IF.evaluate("aaaa", gt, max_chars=3).scores == {"punctuation:no_comma": 0.0, "keywords:existence": 0.0}
-    # the reasoning block does not count
-    assert IF.score("<think>" + "b" * (2 * limit) + "</think>a", gt).scores["keywords:existence"] == 1.0
-    monkeypatch.setenv(IF.MAX_RESPONSE_CHARS_ENV, "none")
-    assert IF.score("a" * (limit + 1), gt).scores == {"punctuation:no_comma": 1.0, "keywords:existence": 1.0}
-    monkeypatch.setenv(IF.MAX_RESPONSE_CHARS_ENV, "10")
-    assert IF.score("a" * 11, gt).scores == {"punctuation:no_comma": 0.0, "keywords:existence": 0.0}
-    monkeypatch.setenv(IF.MAX_RESPONSE_CHARS_ENV, "ten")
-    with pytest.raises(ValueError):
-        IF.max_response_chars()
+    long = "a " * 20_000  # beyond the in-process size: checked in the worker
+    assert len(long) > IF.if_isolation.in_process_max_chars()
+    r = IF.evaluate(long, gt)
+    assert r.scores == {"punctuation:no_comma": 1.0, "keywords:existence": 1.0} and not r.info["errors"]
+    assert IF.evaluate(long + ",", gt).scores["punctuation:no_comma"] == 0.0
+
+
+def test_slow_check_is_stopped_and_counted(monkeypatch):
+    monkeypatch.setenv("MRTPO_IF_CHECK_TIMEOUT_S", "0.5")
+    gt = _gt(("detectable_content:number_placeholders", {"num_placeholders": 1}), ("punctuation:no_comma", {}))
+    r = IF.evaluate("[" * 1_000_000, gt)  # quadratic for the placeholder checker: hours without a limit
+    key = "detectable_content:number_placeholders"
+    assert r.scores[key] == 0.0 and r.info["errors"][key].startswith("CheckTimeout")
+    assert r.scores["punctuation:no_comma"] == 1.0  # the other check keeps its verdict
 
 
 # --------------------------------------------------------------------------------------------------
@@ -595,27 +659,27 @@ def test_nltk_data_is_found_offline_without_download():
 # --------------------------------------------------------------------------------------------------
 
 
-def test_hostile_corpus_never_crashes():
+def test_hostile_corpus_never_crashes(monkeypatch):
+    monkeypatch.setenv("MRTPO_IF_CHECK_TIMEOUT_S", "1")  # long degenerate texts: stopped, counted
     corpus = _load_corpus()
     assert len(corpus) >= 200
     ids = list(IF.SUPPORTED_IDS)
     kwargs = [IF.describe_constraint(i, _builder_kwargs(i), seed=0)[1] for i in ids]
     gt = {"instruction_id_list": ids, "kwargs": kwargs}
     keys = IF.reward_keys(ids)
-    limit = IF.max_response_chars()
+    small = {"instruction_id_list": ids[::9], "kwargs": kwargs[::9]}  # long texts: a sample of the checkers
     for j, response in enumerate(corpus):
-        modes = [IF.score] + ([IF.score_loose] if j % 5 == 0 else [])  # loose runs 8 variants: a fifth suffices
+        long = isinstance(response, str) and len(response) > IF.if_isolation.in_process_max_chars()
+        modes = [IF.score] + ([IF.score_loose] if j % 5 == 0 and not long else [])  # loose runs 8 variants
         for fn in modes:
-            r = fn(response, gt)
+            r = fn(response, small if long else gt)
             assert isinstance(r, RewardResult)
-            assert list(r.scores) == keys
+            assert list(r.scores) == (IF.reward_keys(small["instruction_id_list"]) if long else keys)
             for v in r.scores.values():
                 assert math.isfinite(v) and v in (0.0, 1.0), (j, v)
             assert all(c.placement == "prompt" and c.text for c in r.contexts.values())
             for e in r.info["errors"].values():
                 assert isinstance(e, str)
-            if len(response) > limit and "</think>" not in response:
-                assert len(r.info["errors"]) == len(keys)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,17 +1,35 @@
 """Instruction-following verifier: one reward per constraint (IFEval / IFBench checkers).
 
-The checkers are the maintained ones of ``if-verifiable`` (IFEval's 25 and IFBench's 58). For a row
-with ``ground_truth = {"instruction_id_list": [...], "kwargs": [...]}`` the verifier returns one
-reward per constraint, keyed by the instruction id (``"punctuation:no_comma"``; a repeated id within
-one prompt gets ``"#2"``, ``"#3"``...), scored 1.0 / 0.0:
+The checkers are the maintained ones of ``if-verifiable`` (IFEval's 25 and IFBench's 58; set-up,
+registry and constraint drawing in :mod:`recipe.mrtpo.tasks.if_registry`). For a row with
+``ground_truth = {"instruction_id_list": [...], "kwargs": [...]}`` the verifier returns one reward per
+constraint, keyed by the instruction id (``"punctuation:no_comma"``; a repeated id within one prompt
+gets ``"#2"``, ``"#3"``...), scored 1.0 / 0.0.
 
-- :func:`score` (training reward, registered as ``instruction_following``, ``ifeval``, ``ifbench``):
-  IFEval's *strict* pass on the response;
-- :func:`score_loose` (evaluation only): IFEval's *loose* pass, the package's own variants (the
-  response with its first and/or last line removed, and with ``*`` stripped), pass if any passes.
+Semantics are the official ones (Google's ``evaluation_main.py``, as copied in lm-eval's
+``tasks/ifeval/utils.py``):
 
-As in the package, a reasoning block (everything up to ``</think>``) is removed before checking, and
-an empty response passes nothing.
+- *strict*: the checker's ``check_following`` on the response **as given** (no stripping), and a
+  response that is empty or only whitespace passes nothing;
+- *loose*: pass if any of the 8 official variants passes: the response, it without its first line,
+  without its last line, without both (each of these three ``.strip()``-ed, as the official code
+  does), and the same four with every ``*`` removed (lines split on ``"\\n"``).
+
+Reasoning blocks (``strip_reasoning``): an explicit option, **off** in evaluation (where the response
+is checked as the benchmark checks it; turn it on for a thinking model whose reasoning is part of the
+generated text). When on, everything up to and including the first ``</think>`` is removed and the
+answer's leading whitespace with it (a chat template writes ``</think>\\n\\n``, which would otherwise
+be the "first line" of the loose variants); a response that opens ``<think>`` and never closes it has
+no answer and passes nothing (``info["errors"]`` says so, counted). The training reward
+(:func:`score`, what the reward manager calls) turns it **on**: a constraint is about the answer, and
+rewarding a reasoning text that happens to satisfy it (no commas, a word count) would teach the
+wrong thing; for a model without reasoning blocks it changes nothing.
+
+Long responses: no length cap. Checks of responses up to
+:data:`if_isolation.IN_PROCESS_MAX_CHARS` characters run in the calling process (the worst checker
+takes a few seconds there); longer ones run in a worker process with a time limit per check
+(:mod:`recipe.mrtpo.tasks.if_isolation`): a check past it fails with a ``CheckTimeout`` error in
+``info["errors"]`` (counted) and every other check gets its official verdict.
 
 Z_k of each reward is ``Context(sentence, "prompt")``: the constraint's exact sentence, taken from
 ``extra_info["constraint_texts"][i]`` (builders record it there, in instruction order). Without it the
@@ -19,334 +37,88 @@ sentence falls back to the checker's own ``build_description(**kwargs)``, which 
 to be verbatim in the prompt (IFEval's prompts paraphrase their constraints): the replay then finds
 no substring and gives that reward uniform weights (counted), never a wrong weight.
 
-Robustness: any exception of a checker (e.g. ``LookupError`` for missing NLTK data,
-``ValueError``), an unknown instruction id or bad kwargs score that reward 0.0 and are recorded in
+Robustness: any exception of a checker (e.g. ``LookupError`` for missing NLTK data, ``ValueError``),
+an unknown instruction id or bad kwargs score that reward 0.0 and are recorded in
 ``RewardResult.info["errors"]`` as ``{reward_key: "ExceptionType: message"}``; no exception from a
 checker escapes, whatever the response. A ground truth without an ``instruction_id_list`` is a data
 bug and raises ``ValueError``. Ground truths read back from parquet (numpy arrays, NaN or None for
-absent kwargs, floats for ints) are normalised first. Responses longer than
-:data:`DEFAULT_MAX_RESPONSE_CHARS` fail every constraint with a ``ResponseTooLong`` error: several
-checkers are quadratic on degenerate text (see :func:`max_response_chars`).
-
-Determinism: ``langdetect`` is seeded, and a checker that draws random arguments (an argument
-missing or invalid, e.g. IFEval's own rows with ``letter: "#"``, which its checker replaces by a
-random letter) draws them from a generator seeded by the id and kwargs, so the same row always gives
-the same rewards, across runs and processes.
-
-Offline set-up done at import: NLTK finds its data under ``$MRTPO_NLTK_DATA`` or else
-``<repo>/.assets/nltk_data`` (punkt_tab, stopwords; provisioned by ``run_scripts/setup.sh``),
-``nltk.download`` is never called (IFBench's module calls it at import: it is disabled for that
-import), and ``langdetect`` is seeded so that language rewards are deterministic.
-
-For data builders: :func:`describe_constraint` draws a constraint sentence and its kwargs (a
-self-consistent pair, deterministic for a seed), :data:`SUPPORTED_IDS` lists the checkers that run
-offline (``words:start_verb`` is excluded: it needs NLTK's ``averaged_perceptron_tagger_eng``, which
-no offline package ships), :data:`COMPOSABLE_IDS` those that can be appended to any base prompt
-(not :data:`REQUIRED_KWARGS`, which need text from the builder, nor :data:`TASK_DEFINING_IDS`, whose
-sentence is a whole task), and :data:`RANDOM_PASSABLE_IDS` constraints that a random-token model
-passes part of the time (for tiny end-to-end tests).
+absent kwargs, floats for ints) are normalised first.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-import math
-import os
-import random
-import threading
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import nltk
-
+from recipe.mrtpo.tasks import if_isolation
 from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
-
-_REPO = Path(__file__).resolve().parents[3]
-NLTK_DATA_ENV = "MRTPO_NLTK_DATA"
-DEFAULT_NLTK_DATA = _REPO / ".assets" / "nltk_data"
-
-
-def nltk_data_dir() -> Path:
-    """Where this module makes NLTK look for its data: ``$MRTPO_NLTK_DATA`` or ``<repo>/.assets/nltk_data``."""
-    env = os.environ.get(NLTK_DATA_ENV)
-    return Path(env) if env else DEFAULT_NLTK_DATA
-
-
-def _configure_nltk() -> None:
-    path = str(nltk_data_dir())
-    if path not in nltk.data.path:
-        nltk.data.path.append(path)
-
-
-@contextlib.contextmanager
-def _nltk_download_disabled() -> Iterator[list]:
-    """Replace ``nltk.download`` by a refusal while the IFBench module is imported (it downloads at import)."""
-    refused: list = []
-    original = nltk.download
-
-    def _refuse(info_or_id=None, *args, **kwargs):
-        refused.append(info_or_id)
-        return False
-
-    nltk.download = _refuse
-    try:
-        yield refused
-    finally:
-        nltk.download = original
-
-
-class _TruncateLongRecords(logging.Filter):
-    """IFEval's language checkers log the whole response at ERROR when langdetect fails: cap its size."""
-
-    MAX_ARG_CHARS = 200
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith("Unable to detect language") and record.args:
-            args = record.args if isinstance(record.args, tuple) else (record.args,)
-            record.args = tuple(
-                a[: self.MAX_ARG_CHARS] + f"...[{len(a)} chars]"
-                if isinstance(a, str) and len(a) > self.MAX_ARG_CHARS
-                else a
-                for a in args
-            )
-        return True
-
-
-_configure_nltk()
-if not any(isinstance(f, _TruncateLongRecords) for f in logging.getLogger().filters):
-    logging.getLogger().addFilter(_TruncateLongRecords())
-
-import langdetect
-
-langdetect.DetectorFactory.seed = 0
-
-with _nltk_download_disabled() as _REFUSED_DOWNLOADS:
-    from if_verifiable.common import get_loose_transformations, strip_thinking
-    from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT as _IFBENCH
-    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT as _IFEVAL
-
-if set(_IFEVAL) & set(_IFBENCH):  # pragma: no cover - guards a future package change
-    raise ImportError(f"IFEval and IFBench instruction ids overlap: {sorted(set(_IFEVAL) & set(_IFBENCH))}")
-
-#: Every checker of the package, IFEval's and IFBench's, by instruction id.
-REGISTRY: dict[str, type] = {**_IFEVAL, **_IFBENCH}
-IFEVAL_IDS: tuple[str, ...] = tuple(sorted(_IFEVAL))
-IFBENCH_IDS: tuple[str, ...] = tuple(sorted(_IFBENCH))
-
-#: Checkers that cannot run offline: their NLTK data is shipped by no offline package.
-UNSUPPORTED_IDS: dict[str, str] = {
-    "words:start_verb": "needs NLTK's averaged_perceptron_tagger_eng, which no offline package ships",
-}
-#: Checkers that score offline (IFEval's 25 and IFBench's 57).
-SUPPORTED_IDS: tuple[str, ...] = tuple(i for i in IFEVAL_IDS + IFBENCH_IDS if i not in UNSUPPORTED_IDS)
-#: Checkers that need one kwarg a builder must supply (the prompt to repeat, the reference text):
-#: describe_constraint raises ValueError without it.
-REQUIRED_KWARGS: dict[str, str] = {
-    "combination:repeat_prompt": "prompt_to_repeat",
-    "repeat:repeat_change": "prompt_to_repeat",
-    "repeat:repeat_span": "prompt_to_repeat",
-    "ratio:overlap": "reference_text",
-}
-#: IFBench checkers whose sentence *is* the task (a fixed request: "List the countries of Africa...",
-#: "Only output this sentence here..."), meaningless appended to another prompt.
-TASK_DEFINING_IDS: tuple[str, ...] = tuple(i for i in IFBENCH_IDS if i.startswith("custom:")) + (
-    "repeat:repeat_simple",
-)
-#: Supported checkers a builder can append to any base prompt.
-COMPOSABLE_IDS: tuple[str, ...] = tuple(
-    i for i in SUPPORTED_IDS if i not in REQUIRED_KWARGS and i not in TASK_DEFINING_IDS
-)
-
-#: Constraints (id, kwargs) that a random-token model passes part of the time, so that GRPO groups
-#: have reward variance in tiny end-to-end tests. Pass rates measured on uniformly random Qwen2
-#: tokens at 16 / 32 / 64 / 128 tokens: no_comma .94/.83/.73/.50, no all-caps word .73/.62/.39/.12,
-#: no letter "z" .82/.69/.48/.18, fewer than 30 words 1.0/1.0/.41/0 (pinned by the tests).
-RANDOM_PASSABLE_IDS: tuple[tuple[str, dict], ...] = (
-    ("punctuation:no_comma", {}),
-    ("change_case:capital_word_frequency", {"capital_frequency": 1, "capital_relation": "less than"}),
-    ("keywords:letter_frequency", {"letter": "z", "let_frequency": 1, "let_relation": "less than"}),
-    ("length_constraints:number_words", {"num_words": 30, "relation": "less than"}),
+from recipe.mrtpo.tasks.if_registry import (  # noqa: F401 - re-exported for builders and tests
+    _REFUSED_DOWNLOADS,
+    COMPOSABLE_IDS,
+    DEFAULT_NLTK_DATA,
+    IFBENCH_IDS,
+    IFEVAL_IDS,
+    NLTK_DATA_ENV,
+    RANDOM_PASSABLE_IDS,
+    REGISTRY,
+    REQUIRED_KWARGS,
+    SUPPORTED_IDS,
+    TASK_DEFINING_IDS,
+    UNSUPPORTED_IDS,
+    _build_checker,
+    _error,
+    _parse_ground_truth,
+    _rebuild,
+    _to_python,
+    clean_kwargs,
+    describe_constraint,
+    nltk_data_dir,
+    reward_keys,
 )
 
 Mode = Literal["strict", "loose"]
-_SEED_SALT = "mrtpo-if"
-
-#: Longest response (characters, after the reasoning block is removed) that is checked at all;
-#: longer ones fail every constraint with a ``ResponseTooLong`` error. Several checkers are
-#: quadratic on degenerate text (``detectable_content:number_placeholders`` on "[[[[...",
-#: ``detectable_format:number_bullet_lists`` and ``detectable_content:postscript`` on long
-#: whitespace runs) and the NLTK-based ones take ~1 s per 16k characters of ". . . .": at this
-#: size the worst single check takes a few seconds, at 1 MB hours. 16384 characters is about 4k
-#: tokens of English, twice the ~7k characters of the longest length constraint in IFEval/IFBench
-#: ("at least 1200 words").
-#: Override with $MRTPO_IF_MAX_RESPONSE_CHARS or ``evaluate(..., max_chars=...)`` (None: no limit).
-MAX_RESPONSE_CHARS_ENV = "MRTPO_IF_MAX_RESPONSE_CHARS"
-DEFAULT_MAX_RESPONSE_CHARS = 16_384
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+NO_ANSWER = "NoAnswer: the response opens <think> and never closes it (strip_reasoning)"
 
 
-def max_response_chars() -> int | None:
-    """The response-length limit in force: ``$MRTPO_IF_MAX_RESPONSE_CHARS`` (0 or "none": no limit) or the default."""
-    env = os.environ.get(MAX_RESPONSE_CHARS_ENV, "").strip().lower()
-    if not env:
-        return DEFAULT_MAX_RESPONSE_CHARS
-    if env in ("0", "none"):
+def loose_variants(response: str) -> list[str]:
+    """The 8 official loose variants, in the official order (the response itself first)."""
+    r = response.split("\n")
+    remove_first = "\n".join(r[1:]).strip()
+    remove_last = "\n".join(r[:-1]).strip()
+    remove_both = "\n".join(r[1:-1]).strip()
+    return [response, response.replace("*", ""), remove_first, remove_last, remove_both,
+            remove_first.replace("*", ""), remove_last.replace("*", ""), remove_both.replace("*", "")]
+
+
+def strip_reasoning_block(response: str) -> str | None:
+    """The answer after the first ``</think>`` (leading whitespace removed); the response unchanged
+    if it has no ``</think>``; None when it opens ``<think>`` (after whitespace) and never closes it."""
+    end = response.find(THINK_CLOSE)
+    if end >= 0:
+        return response[end + len(THINK_CLOSE):].lstrip()
+    if response.lstrip().startswith(THINK_OPEN):
         return None
-    try:
-        value = int(env)
-    except ValueError as exc:
-        raise ValueError(f"${MAX_RESPONSE_CHARS_ENV} must be an integer or 'none', got {env!r}") from exc
-    if value < 0:
-        raise ValueError(f"${MAX_RESPONSE_CHARS_ENV} must be >= 0, got {value}")
-    return value or None
+    return response
 
 
-# --------------------------------------------------------------------------------------------------
-# ground-truth normalisation (parquet round-trips give numpy arrays, numpy scalars, NaN for None)
-# --------------------------------------------------------------------------------------------------
+def _passes(checker, iid: str, kwargs: dict, text: str) -> bool:
+    """Official per-variant test: non-blank and ``check_following``; long texts time-limited."""
+    if not text.strip():
+        return False
+    if len(text) > if_isolation.in_process_max_chars():
+        return if_isolation.run_isolated(iid, kwargs, text)
+    return bool(checker.check_following(text))
 
 
-def _to_python(value: Any) -> Any:
-    """Numpy arrays/scalars -> lists/Python scalars, NaN -> None, integral floats -> int (recursive)."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()  # numpy array or numpy scalar
-    if isinstance(value, Mapping):
-        return {str(k): _to_python(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_python(v) for v in value]
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if value.is_integer():
-            return int(value)
-    return value
-
-
-def clean_kwargs(kwargs: Any) -> dict:
-    """One instruction's kwargs as a plain dict without None values (IFEval drops them too).
-
-    Accepts None, a mapping (possibly of numpy values) or its JSON string; anything else raises TypeError.
-    """
-    if kwargs is None:
-        return {}
-    if isinstance(kwargs, str):
-        kwargs = json.loads(kwargs) if kwargs.strip() else {}
-    kwargs = _to_python(kwargs)
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, dict):
-        raise TypeError(f"instruction kwargs must be a mapping, got {type(kwargs).__name__}")
-    return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def _parse_ground_truth(ground_truth: Any) -> tuple[list[str], list[Any]]:
-    """The instruction ids and the (raw) kwargs list of a ground truth; ValueError if it has no ids."""
-    if isinstance(ground_truth, str):
-        ground_truth = json.loads(ground_truth)
-    if not isinstance(ground_truth, Mapping) or "instruction_id_list" not in ground_truth:
-        raise ValueError(
-            "instruction-following ground_truth must be a mapping with 'instruction_id_list' and 'kwargs', "
-            f"got {type(ground_truth).__name__}: {str(ground_truth)[:200]}"
-        )
-    ids = _to_python(ground_truth["instruction_id_list"])
-    if isinstance(ids, str):
-        ids = [ids]
-    if not isinstance(ids, list) or not ids:
-        raise ValueError(f"ground_truth['instruction_id_list'] must be a non-empty list, got {ids!r}")
-    raw_kwargs = ground_truth.get("kwargs")
-    if isinstance(raw_kwargs, str):
-        raw_kwargs = json.loads(raw_kwargs)
-    if hasattr(raw_kwargs, "tolist"):
-        raw_kwargs = list(raw_kwargs)  # numpy object array of dicts: keep the elements as they are
-    if raw_kwargs is None:
-        raw_kwargs = []
-    if not isinstance(raw_kwargs, (list, tuple)):
-        raise ValueError(
-            f"ground_truth['kwargs'] must be a list (one per instruction), got {type(raw_kwargs).__name__}"
-        )
-    raw_kwargs = list(raw_kwargs) + [None] * (len(ids) - len(raw_kwargs))
-    return [str(i) for i in ids], raw_kwargs
-
-
-def reward_keys(instruction_ids: list[str]) -> list[str]:
-    """Reward names: the instruction id, with ``#2``, ``#3``... for repeats within one prompt."""
-    seen: dict[str, int] = {}
-    keys = []
-    for iid in instruction_ids:
-        seen[iid] = seen.get(iid, 0) + 1
-        keys.append(iid if seen[iid] == 1 else f"{iid}#{seen[iid]}")
-    return keys
-
-
-# --------------------------------------------------------------------------------------------------
-# checkers
-# --------------------------------------------------------------------------------------------------
-
-
-_RANDOM_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _seeded_random(seed: Any) -> Iterator[None]:
-    """Seed the global ``random`` (the checkers draw from it) and restore its state afterwards.
-
-    ``seed=None`` leaves the global generator as it is (and advances it). A lock keeps concurrent
-    calls of this module from interleaving their draws; other users of the global generator in other
-    threads are not stopped, and their draws in between would shift ours (deterministic in one thread).
-    """
-    if seed is None:
-        yield
-        return
-    with _RANDOM_LOCK:
-        state = random.getstate()
-        random.seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(state)
-
-
-def _error(exc: BaseException) -> str:
-    """``"ExceptionType: message"``, at most 500 characters."""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not escape either
-        message = "<unprintable>"
-    return f"{type(exc).__name__}: {message}"[:500]
-
-
-def _build_checker(instruction_id: str, kwargs: dict):
-    """A checker built with ``kwargs`` and its description; KeyError for an unknown id.
-
-    Missing arguments are drawn by the checker from a generator seeded by the id and kwargs, so the
-    same ground truth always gives the same checker.
-    """
-    cls = REGISTRY.get(instruction_id)
-    if cls is None:
-        raise KeyError(f"unknown instruction id {instruction_id!r}")
-    checker = cls(instruction_id)
-    # Always seeded: checkers also draw when a given argument is invalid (IFEval's own data has
-    # letter "#" for keywords:letter_frequency, which the checker replaces by a random letter).
-    seed = f"{_SEED_SALT}|{instruction_id}|{json.dumps(kwargs, sort_keys=True, default=str)}"
-    with _seeded_random(seed):
-        description = checker.build_description(**kwargs)
-    return checker, description
-
-
-def _passes(checker, text: str) -> bool:
-    return bool(text.strip()) and bool(checker.check_following(text))
-
-
-def _check(checker, response: str, mode: Mode) -> bool:
-    """Strict: the response passes. Loose: any of the package's loose variants passes."""
+def _check(checker, iid: str, kwargs: dict, response: str, mode: Mode) -> bool:
+    """Strict: the response passes. Loose: any official variant passes."""
     if mode == "strict":
-        return _passes(checker, response)
+        return _passes(checker, iid, kwargs, response)
     first_error = None
-    for variant in get_loose_transformations(response):
+    for variant in loose_variants(response):
         try:
-            if _passes(checker, variant):
+            if _passes(checker, iid, kwargs, variant):
                 return True
         except Exception as exc:  # noqa: BLE001 - one bad variant must not hide a passing one
             first_error = first_error or exc
@@ -364,36 +136,33 @@ def _constraint_texts(extra_info: Any) -> list:
     return texts if isinstance(texts, list) else []
 
 
-_DEFAULT = object()
-
-
 def evaluate(
     response: str,
     ground_truth: dict,
     extra_info: dict | None = None,
     *,
     mode: Mode = "strict",
-    max_chars: int | None | object = _DEFAULT,
+    strip_reasoning: bool = False,
 ) -> RewardResult:
     """One 1.0/0.0 reward per constraint of ``ground_truth`` (see the module docstring).
 
-    ``mode="strict"`` is the training reward; ``mode="loose"`` IFEval's loose evaluation.
-    ``max_chars``: response-length limit (default :func:`max_response_chars`; None: no limit).
-    ``info["errors"]`` maps reward keys to the error that zeroed them (empty when none did).
+    ``mode``: ``"strict"`` or ``"loose"`` (official semantics); ``strip_reasoning``: remove a
+    reasoning block first (off by default: the response as generated). ``info["errors"]`` maps
+    reward keys to the error that zeroed them (empty when none did).
     """
     if mode not in ("strict", "loose"):
         raise ValueError(f"mode must be 'strict' or 'loose', got {mode!r}")
-    limit = max_response_chars() if max_chars is _DEFAULT else max_chars
     ids, raw_kwargs = _parse_ground_truth(ground_truth)
     texts = _constraint_texts(extra_info)
     keys = reward_keys(ids)
     try:
-        text = strip_thinking(as_text(response))
+        text = as_text(response)
     except Exception:  # noqa: BLE001 - str methods only; kept for hostile subclasses of str
         text = ""
-    too_long = None
-    if limit is not None and len(text) > limit:
-        too_long = f"ResponseTooLong: {len(text)} characters > limit {limit} (${MAX_RESPONSE_CHARS_ENV})"
+    no_answer = None
+    if strip_reasoning:
+        answer = strip_reasoning_block(text)
+        no_answer, text = (NO_ANSWER, "") if answer is None else (None, answer)
 
     scores: dict[str, float] = {}
     contexts: dict[str, Context] = {}
@@ -403,11 +172,12 @@ def evaluate(
         description = None
         passed = False
         try:
-            checker, description = _build_checker(iid, clean_kwargs(raw_kwargs[i]))
-            if too_long:
-                errors[key] = too_long
+            kwargs = clean_kwargs(raw_kwargs[i])
+            checker, description = _build_checker(iid, kwargs)
+            if no_answer:
+                errors[key] = no_answer
             else:
-                passed = _check(checker, text, mode)
+                passed = _check(checker, iid, kwargs, text, mode)
         except Exception as exc:  # noqa: BLE001 - a checker must never crash the reward
             errors[key] = _error(exc)
         scores[key] = 1.0 if passed else 0.0
@@ -417,72 +187,13 @@ def evaluate(
 
 
 def score(response: str, ground_truth: dict, extra_info: dict | None = None) -> RewardResult:
-    """Training reward: IFEval's strict pass, one reward per constraint."""
-    return evaluate(response, ground_truth, extra_info, mode="strict")
+    """Training reward: the strict pass on the answer (reasoning block removed), one reward per constraint."""
+    return evaluate(response, ground_truth, extra_info, mode="strict", strip_reasoning=True)
 
 
 def score_loose(response: str, ground_truth: dict, extra_info: dict | None = None) -> RewardResult:
-    """Evaluation only: IFEval's loose pass, one reward per constraint."""
-    return evaluate(response, ground_truth, extra_info, mode="loose")
-
-
-# --------------------------------------------------------------------------------------------------
-# for data builders
-# --------------------------------------------------------------------------------------------------
-
-
-_MAX_DRAWS = 50
-
-
-def _rebuild(instruction_id: str, kwargs: dict) -> tuple[str, bool]:
-    """The sentence ``kwargs`` build, and whether building it drew from the global ``random``
-    (it does when an argument is missing or invalid: the scorer would then draw its own)."""
-    checker = REGISTRY[instruction_id](instruction_id)
-    with _RANDOM_LOCK:
-        state = random.getstate()
-        try:
-            sentence = checker.build_description(**kwargs)
-            drew = random.getstate() != state
-        finally:
-            random.setstate(state)
-    return sentence, drew
-
-
-def describe_constraint(instruction_id: str, kwargs: dict | None = None, seed: Any = None) -> tuple[str, dict]:
-    """Draw a constraint sentence and the kwargs the checker will use, via its ``build_description``.
-
-    ``kwargs=None`` (or missing keys) lets the checker draw random arguments; with ``seed`` the draw
-    is deterministic (the global ``random`` is seeded locally and its state restored). The returned
-    kwargs (None values dropped; the checker's own normalisation applied, e.g. lower-cased words)
-    go in the row's ground truth, the sentence in the prompt and in ``extra_info["constraint_texts"]``.
-    The pair is self-consistent: the kwargs rebuild exactly this sentence without any random draw
-    (draws the package makes inconsistent, e.g. "There should be 2 paragraphs ... Paragraph 3 must
-    start with ...", are redrawn). Ids in :data:`REQUIRED_KWARGS` need that kwarg (e.g.
-    ``{"prompt_to_repeat": base_prompt}``).
-    Raises KeyError for an unknown or unsupported id, ValueError if no consistent constraint can be
-    built from ``kwargs``.
-    """
-    if instruction_id not in REGISTRY:
-        raise KeyError(f"unknown instruction id {instruction_id!r}")
-    if instruction_id in UNSUPPORTED_IDS:
-        raise KeyError(f"instruction id {instruction_id!r} is not supported offline: {UNSUPPORTED_IDS[instruction_id]}")
-    given = clean_kwargs(kwargs)
-    required = REQUIRED_KWARGS.get(instruction_id)
-    if required and not given.get(required):
-        raise ValueError(f"{instruction_id!r} needs kwargs[{required!r}] (text the builder must supply)")
-    for attempt in range(_MAX_DRAWS):
-        draw_seed = seed if seed is None or attempt == 0 else f"{seed}|redraw{attempt}"
-        checker = REGISTRY[instruction_id](instruction_id)
-        with _seeded_random(draw_seed):
-            sentence = checker.build_description(**given)
-        args = clean_kwargs(checker.get_instruction_args() or {})
-        again, drew = _rebuild(instruction_id, args)
-        if again == sentence and not drew:
-            return sentence, args
-    raise ValueError(
-        f"no self-consistent {instruction_id!r} constraint from kwargs {given} in {_MAX_DRAWS} draws "
-        "(an argument is probably invalid for this checker)"
-    )
+    """Loose pass on the answer (reasoning block removed), one reward per constraint."""
+    return evaluate(response, ground_truth, extra_info, mode="loose", strip_reasoning=True)
 
 
 register_task("instruction_following", score)
