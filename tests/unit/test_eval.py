@@ -164,12 +164,32 @@ def test_bfcl_ast_accuracy_is_strict_and_format_is_separate():
         samples.append({"scores": scores, "info": info, "category": category})
     got = [(s["scores"]["ast_match"], s["scores"]["ast_match_formatted"], s["scores"]["format"]) for s in samples]
     assert got == [(1.0, 1.0, 1.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.0, 0.0, 0.0)]
-    assert samples[2]["scores"]["correctness"] == 1.0  # the lenient training reward forgives "2"
+    assert samples[2]["scores"]["correctness"] == pytest.approx(2 / 3)  # "2" is not BFCL-valid: partial credit
     m = aggregate("tool", samples)
     assert m["ast_accuracy"] == 0.5 and m["ast_formatted_accuracy"] == 0.25 and m["format_rate"] == 0.5
-    assert m["correctness_mean"] == pytest.approx(3 / 4)
+    assert m["correctness_mean"] == pytest.approx(2 / 3)
+    assert "bfcl_official_ast_accuracy" not in m  # rows without the official BFCL data
     assert m["by_category"]["simple"]["ast_accuracy"] == 1.0 and m["by_category"]["multiple"]["ast_accuracy"] == 0.0
     assert m["ast_accuracy_category_mean"] == 0.5
+
+
+def test_bfcl_official_column_next_to_the_recipe():
+    functions = [{"name": "add", "description": "", "parameters": {"type": "dict", "required": ["a", "b"],
+                  "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]
+    answer = [{"add": {"a": [2], "b": [3]}}]
+    gt = {"calls": json.dumps([{"name": "add", "arguments": {"a": 2, "b": 3}}]), "tools": TOOLS,
+          "bfcl": json.dumps({"id": "simple_python_0", "category": "simple_python", "function": functions,
+                              "ground_truth": answer})}
+    samples = []
+    for text in (_call('{"a": 2, "b": 3}'), _call('{"a": 2.0, "b": 3}'), "no call"):
+        scores, info = score_response("tool", text, gt)
+        samples.append({"scores": scores, "info": info, "category": "simple_python"})
+    assert [s["scores"]["bfcl_official_ast"] for s in samples] == [1.0, 0.0, 0.0]
+    assert [s["scores"]["ast_match"] for s in samples] == [1.0, 0.0, 0.0]
+    m = aggregate("tool", samples)
+    assert m["bfcl_official_ast_accuracy"] == pytest.approx(1 / 3) and m["n_official_differs"] == 0
+    assert m["by_category"]["simple_python"]["bfcl_official_ast_accuracy"] == pytest.approx(1 / 3)
+    assert m["bfcl_official_summary"]["summary_ast_non_live"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize("family", ["if", "sql", "tool"])

@@ -19,11 +19,14 @@ official semantics. Tasks fall into three families (:data:`TASK_FAMILY`):
     simple/moderate/challenging) and ``by_category`` where the rows carry them.
 
 ``tool`` (BFCL)
-    Per response: ``ast_match`` = :func:`tool_calling.exact_match` (the calls read from the response
-    are exactly the reference calls, order-free, JSON types kept apart: BFCL's AST check),
+    Per response: ``ast_match`` = :func:`tool_calling.exact_match` (the recipe's full credit: every
+    call BFCL-valid, order-free), ``bfcl_official_ast`` = BFCL's own ``ast_checker`` from the pinned
+    bfcl-eval on the same decoded calls (rows built from BFCL; :mod:`bfcl_official`),
     ``ast_match_formatted`` (the same and the response format-valid), and the training rewards
     ``format`` and ``correctness`` of :func:`tool_calling.score`. Metrics: ``ast_accuracy``,
-    ``ast_formatted_accuracy``, ``format_rate`` (mean ``format``), ``correctness_mean``;
+    ``ast_formatted_accuracy``, ``format_rate`` (mean ``format``), ``correctness_mean``,
+    ``bfcl_official_ast_accuracy`` and ``n_official_differs`` (responses where the two verdicts differ),
+    per category, and ``bfcl_official_summary`` (BFCL's non-live / live AST summaries);
     ``by_category`` and ``ast_accuracy_category_mean`` (unweighted mean over categories, as BFCL's
     leaderboard summaries average categories) where the rows carry a category.
 
@@ -125,7 +128,28 @@ def _score_tool(response: str, ground_truth: Any, extra_info: Optional[dict]) ->
         "ast_match_formatted": float(TOOL.exact_match(response, ground_truth, require_format=True)),
         **result.scores,
     }
-    return scores, _plain_info(result.info)
+    info = dict(result.info)
+    official = _bfcl_official(response, ground_truth)
+    if official is not None:
+        scores["bfcl_official_ast"] = float(official[0])
+        if official[1]:
+            info["bfcl_official_error"] = official[1]
+    return scores, _plain_info(info)
+
+
+def _bfcl_official(response: str, ground_truth: Any) -> Optional[tuple[bool, str]]:
+    """BFCL's own checker on the calls read from ``response``, for rows that carry the official data
+    (``ground_truth["bfcl"]``) when the pinned bfcl-eval is installed; else None."""
+    from recipe.mrtpo.tasks import tool_calling as TOOL
+    from recipe.mrtpo.tools.eval import bfcl_official
+
+    gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+    raw = gt.get("bfcl") if isinstance(gt, dict) else None
+    if not raw or not bfcl_official.available():
+        return None
+    off = json.loads(raw) if isinstance(raw, str) else raw
+    return bfcl_official.official_ast_valid(off["function"], TOOL.extract_calls(response), off["ground_truth"],
+                                            off["category"])
 
 
 _SCORERS = {"if": _score_if, "sql": _score_sql, "tool": _score_tool}
@@ -205,12 +229,17 @@ def _sql_core(samples: list[dict]) -> dict:
 
 
 def _tool_core(samples: list[dict]) -> dict:
-    return {
+    out = {
         "ast_accuracy": _mean([s["scores"]["ast_match"] for s in samples]),
         "ast_formatted_accuracy": _mean([s["scores"]["ast_match_formatted"] for s in samples]),
         "format_rate": _mean([s["scores"]["format"] for s in samples]),
         "correctness_mean": _mean([s["scores"]["correctness"] for s in samples]),
     }
+    official = [s for s in samples if "bfcl_official_ast" in s["scores"]]
+    if official:  # BFCL's own checker next to the recipe's full credit, and where they differ
+        out["bfcl_official_ast_accuracy"] = _mean([s["scores"]["bfcl_official_ast"] for s in official])
+        out["n_official_differs"] = sum(s["scores"]["bfcl_official_ast"] != s["scores"]["ast_match"] for s in official)
+    return out
 
 
 def _breakdown(samples: list[dict], field: str, core) -> dict:
@@ -238,6 +267,11 @@ def _aggregate_tool(samples: list[dict]) -> dict:
     if groups:
         out["by_category"] = groups
         out["ast_accuracy_category_mean"] = _mean([g["ast_accuracy"] for g in groups.values()])
+        if any("bfcl_official_ast_accuracy" in g for g in groups.values()):
+            from recipe.mrtpo.tools.eval.bfcl_official import summary_scores
+
+            per = {c: {"n": g["n"], "accuracy": g.get("bfcl_official_ast_accuracy")} for c, g in groups.items()}
+            out["bfcl_official_summary"] = summary_scores(per)
     return out
 
 
