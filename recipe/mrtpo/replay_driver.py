@@ -3,7 +3,8 @@
 :func:`run_replay` is what the trainer's advantage step calls for ``adv_estimator=mrtpo``: it plans the
 pairs to replay (``core.replay_plan``, ``docs/design.md`` §1.2 and §2), pads the packed rows to the
 data-parallel size, calls ``dispatch`` (the worker group's ``compute_replay_relevance``, or any function
-with the same contract in tests), and returns a :class:`ReplayResult`. No verl import: the trainer
+with the same contract in tests), maps the workers' compact answer (one half-precision relevance row per
+replayed variant, §5) to rewards, and returns a :class:`ReplayResult`. No verl import: the trainer
 passes the worker call and the chat-template renderer in.
 """
 
@@ -17,10 +18,13 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
+from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.reward_extras import RewardTable
 
-# dispatch(inputs: dict of packed tensors [R', ...], settings: dict) -> {"relevance": [R', K, T], "replay_logprobs": [R', T]}
+# dispatch(inputs: dict of packed tensors [R', ...], settings: dict) ->
+#   {"variant_relevance": [R', NV', T] (any float dtype; row j - 1 = variant j), "replay_logprobs": [R', T],
+#    optionally "replay_forwards": [R', 2] (each row's rank: own and agreed forward counts)}
 Dispatch = Callable[[dict, dict], dict]
 
 
@@ -67,8 +71,13 @@ def run_replay(
     dp_size: int,
     temperature: float,
     pad_id: int,
+    token_budget: int = 0,
 ) -> ReplayResult:
-    """Plan, dispatch and map back the replay of one batch (module docstring)."""
+    """Plan, dispatch and map back the replay of one batch (module docstring).
+
+    ``token_budget``: padded tokens per replay forward (verl's ``log_prob_max_token_len_per_gpu`` under
+    ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    """
     t0 = time.perf_counter()
     plan = build_replay_plan(
         table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
@@ -87,14 +96,31 @@ def run_replay(
             "temperature": float(temperature),
             "measure": cfg.measure_for_replay,
             "micro_batch_size": cfg.replay_micro_batch_size,
+            "token_budget": int(token_budget or 0),
             "chunk_size": int(cfg.chunk_size or 0),
             "pad_token_id": int(pad_id),
             "compile_js": bool(cfg.compile_js),
         }
         out = dispatch(inputs, settings)
         n = len(plan.rows)
-        result.relevance[torch.tensor(plan.rows)] = out["relevance"][:n].float()
+        rel = expand_relevance(out["variant_relevance"][:n], plan.inputs["pair_variant"])
+        result.relevance[torch.tensor(plan.rows)] = rel
         result.replay_logprobs = out["replay_logprobs"][:n].float()
+        if out.get("replay_forwards", None) is not None:
+            result.metrics.update(forward_metrics(out["replay_forwards"], dp_size))
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
+
+
+def forward_metrics(replay_forwards: torch.Tensor, dp_size: int) -> dict:
+    """Per-rank forward counts (rows are split across ranks in contiguous chunks): the most and fewest
+    real forwards of a rank, and the padding forwards the agreement added over all ranks (§5)."""
+    chunks = torch.as_tensor(replay_forwards).long().chunk(max(1, dp_size))
+    own = [int(c[0, 0]) for c in chunks if c.shape[0]]
+    agreed = [int(c[0, 1]) for c in chunks if c.shape[0]]
+    return {
+        "mrtpo/replay_forwards_max": max(own),
+        "mrtpo/replay_forwards_min": min(own),
+        "mrtpo/replay_padding_forwards": sum(a - o for a, o in zip(agreed, own)),
+    }

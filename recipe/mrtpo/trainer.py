@@ -35,6 +35,7 @@ from recipe.mrtpo import verl_seam
 from recipe.mrtpo.config import RECIPE_ESTIMATORS, MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
+from recipe.mrtpo.opsd_step import write_opsd_teacher
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -104,7 +105,8 @@ class MRTPOTrainer(PPOTrainerSync):
         if est not in RECIPE_ESTIMATORS:
             if any(extras):
                 metrics.update(reward_metrics(read_reward_table(extras, np.arange(len(extras)))))
-            return super()._compute_advantage(batch, metrics)
+            out = super()._compute_advantage(batch, metrics)
+            return write_opsd_teacher(self, batch, metrics) if self.mrtpo.mode == "opsd" else out
 
         ab = verl_seam.read_advantage_batch(self.config, batch, metrics)
         index, mask = ab.uid, ab.response_mask.float()
@@ -117,7 +119,7 @@ class MRTPOTrainer(PPOTrainerSync):
             )
         cfg = self.mrtpo
         step = max(0, int(self.global_steps) - 1)
-        beta_s = smoothstep_beta(step, cfg.beta, cfg.warmup_steps) if est == "mrtpo" else 0.0
+        beta_s = smoothstep_beta(step, cfg.beta, cfg.warmup_steps) if est == "mrtpo" and cfg.mode != "opsd" else 0.0
         replay = None
         if est == "mrtpo" and cfg.replay and beta_s > 0:
             replay = self._replay(batch, ab, table)
@@ -144,6 +146,8 @@ class MRTPOTrainer(PPOTrainerSync):
         for name, lam in zip(table.names, stats.reward_weights):
             metrics[f"mrtpo/lambda/{name}"] = lam
         out = verl_seam.write_advantages(batch, ab, adv, adv)
+        if cfg.mode == "opsd":  # OPSD: GDPO's advantage + the teacher fields and loss settings (docs/opsd.md)
+            out = write_opsd_teacher(self, batch, metrics, table)
         self._maybe_dump(ab, table, replay, adv, beta_s, metrics)
         return out
 
@@ -175,11 +179,13 @@ class MRTPOTrainer(PPOTrainerSync):
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable) -> ReplayResult:
         meta = verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
+        rollout = self.config.actor_rollout_ref.rollout  # verl's log-prob token budget bounds the replay's forwards too
+        budget = int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
         return run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
             rollout_prompts=_rows(meta["prompts"]), render=self._render, dispatch=self._dispatch_replay,
             dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
-            pad_id=int(self.tokenizer.pad_token_id or 0),
+            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget,
         )
 
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:

@@ -18,10 +18,13 @@ from verl.single_controller.base.decorator import make_nd_compute_dataproto_disp
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+from recipe.mrtpo.core.replay import hf_forward, replay_relevance, sync_max_over_ranks
 
-#: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``); chunk_size 0 = auto
-REPLAY_SETTINGS = ("temperature", "measure", "micro_batch_size", "chunk_size", "pad_token_id", "compile_js")
+#: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``); chunk_size 0 = auto,
+#: token_budget 0 = micro-batches of ``micro_batch_size`` sequences
+REPLAY_SETTINGS = ("temperature", "measure", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "compile_js")
+#: dtype of the compact relevance rows handed back (docs/design.md §5): q in [0, 1] needs ~3 digits, not fp32
+RELEVANCE_DTYPE = torch.bfloat16
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -35,16 +38,52 @@ def _module_device(module) -> torch.device:
 
 
 def _sync_max(n: int) -> int:
-    """Largest local forward count over all ranks (every rank must run the same number of FSDP forwards)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return n
-    if torch.distributed.get_world_size() == 1:
-        return n
-    backend = torch.distributed.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([n], dtype=torch.long, device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return int(t.item())
+    """Largest local forward count over all ranks (every rank must run the same number of FSDP forwards,
+    agreed before the first one: docs/design.md §5)."""
+    return sync_max_over_ranks(n)
+
+
+def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict:
+    """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
+
+    ``data``: the packed rows (``variant_ids``, ``variant_lens``, ``responses``, ``response_mask``,
+    ``pair_variant``) and the :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance``
+    [R, NV', T] in :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards),
+    ``replay_logprobs`` [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 2]
+    (this rank's own and agreed forward counts, the same on each of its rows).
+    """
+    settings = {k: tu.get(data, key=k) for k in REPLAY_SETTINGS}
+    missing = [k for k, v in settings.items() if v is None]
+    if missing:
+        raise ValueError(f"compute_replay_relevance: settings {missing} missing (the trainer sends them from mrtpo.*)")
+    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
+    out = replay_relevance(
+        forward,
+        data["variant_ids"].cpu(),
+        data["variant_lens"].cpu(),
+        data["responses"].cpu(),
+        data["response_mask"].cpu(),
+        data["pair_variant"].cpu(),
+        temperature=float(settings["temperature"]),
+        measure=str(settings["measure"]),
+        micro_batch_size=int(settings["micro_batch_size"]),
+        token_budget=budget if budget > 0 else None,
+        chunk_size=chunk if chunk > 0 else None,
+        pad_id=int(settings["pad_token_id"]),
+        device=device,
+        sync_forward_count=sync,
+        compiled_js=bool(settings["compile_js"]),
+    )
+    R = data["pair_variant"].shape[0]
+    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
+    return TensorDict(
+        {
+            "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
+            "replay_logprobs": out["replay_logprobs"],
+            "replay_forwards": counts.expand(R, 2).clone(),
+        },
+        batch_size=[R],
+    )
 
 
 class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -52,40 +91,92 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_replay_relevance(self, data: TensorDict) -> TensorDict:
-        """Relevance q[R, K, T] and P_all log-probs [R, T] for this rank's rows (see ``replay.py``).
+        """Compact relevance rows and P_all log-probs for this rank's rows (:func:`replay_rows`).
 
-        Non-tensor settings in ``data``: ``temperature``, ``measure``, ``micro_batch_size``,
-        ``chunk_size``, ``pad_token_id``, ``compile_js``.
+        Non-tensor settings in ``data``: :data:`REPLAY_SETTINGS`. Every rank agrees on the number of
+        forwards before its first one (``_sync_max``), as FSDP's per-forward all-gathers require.
         """
         engine = self.actor.engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
             raise NotImplementedError("the MRTPO replay runs the plain module forward: ulysses sequence parallel > 1 is not supported")
-        settings = {k: tu.get(data, key=k) for k in REPLAY_SETTINGS}
-        missing = [k for k, v in settings.items() if v is None]
-        if missing:
-            raise ValueError(f"compute_replay_relevance: settings {missing} missing (the trainer sends them from mrtpo.*)")
-        chunk = int(settings["chunk_size"])
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
-            out = replay_relevance(
-                hf_forward(module),
-                data["variant_ids"].cpu(),
-                data["variant_lens"].cpu(),
-                data["responses"].cpu(),
-                data["response_mask"].cpu(),
-                data["pair_variant"].cpu(),
-                temperature=float(settings["temperature"]),
-                measure=str(settings["measure"]),
-                micro_batch_size=int(settings["micro_batch_size"]),
-                chunk_size=chunk if chunk > 0 else None,
-                pad_id=int(settings["pad_token_id"]),
-                device=_module_device(module),
-                sync_forward_count=_sync_max,
-                compiled_js=bool(settings["compile_js"]),
-            )
-        R = data["pair_variant"].shape[0]
-        return TensorDict(
-            {"relevance": out["relevance"], "replay_logprobs": out["replay_logprobs"]},
-            batch_size=[R],
-        )
+            return replay_rows(hf_forward(module), data, _module_device(module), _sync_max)
+
+    # ------------------------------------------------------------------ OPSD (docs/opsd.md)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_opsd_teacher(self, data: TensorDict) -> TensorDict:
+        """Teacher top-k of this rank's rows: the behaviour policy under each row's P_all (:func:`opsd_teacher_rows`).
+
+        Dispatched like ``compute_replay_relevance``: no grad, eval mode, the forward count agreed across
+        ranks (``_sync_max``) before the first forward.
+        """
+        engine = self.actor.engine
+        sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
+        if sp > 1:
+            raise NotImplementedError("the OPSD teacher pass runs the plain module forward: ulysses sequence parallel > 1 is not supported")
+        with engine.eval_mode(), torch.no_grad():
+            module = engine.module
+            return opsd_teacher_rows(hf_forward(module), data, _module_device(module), _sync_max)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: TensorDict) -> TensorDict:
+        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``opsd_loss.py``)."""
+        from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
+        from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY
+        from recipe.mrtpo.opsd_loss import opsd_loss_fn, settings_key
+
+        settings = tu.pop(data, key=LOSS_SETTINGS_KEY, default=None)
+        installed = getattr(self, "_opsd_loss_key", None)
+        if settings is None and installed is not None:  # back to verl's own loss
+            self.loss_fn, self._opsd_loss_key = self._verl_loss_fn, None
+            self.actor.set_loss_fn(self.loss_fn)
+        elif settings is not None:
+            if installed != settings_key(settings):
+                if installed is None:
+                    self._verl_loss_fn = self.loss_fn
+                self.loss_fn = opsd_loss_fn(self._verl_loss_fn.keywords["config"], settings)
+                self._opsd_loss_key = settings_key(settings)
+                self.actor.set_loss_fn(self.loss_fn)
+            tu.assign_non_tensor(data, distillation_use_topk=settings["loss_mode"] in OPSD_TOPK_LOSS_MODES)
+        return super().update_actor(data)
+
+
+def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict:
+    """This rank's rows through :func:`recipe.mrtpo.core.opsd.teacher_topk_rows` (the trainer-free part of
+    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``opsd_driver.TEACHER_SETTINGS``)."""
+    from recipe.mrtpo.core.opsd import teacher_topk_rows
+    from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+
+    settings = {k: tu.get(data, key=k) for k in TEACHER_SETTINGS}
+    missing = [k for k, v in settings.items() if v is None]
+    if missing:
+        raise ValueError(f"compute_opsd_teacher: settings {missing} missing (the trainer sends them from mrtpo.*)")
+    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
+    out = teacher_topk_rows(
+        forward,
+        data["prompt_ids"].cpu(),
+        data["prompt_lens"].cpu(),
+        data["responses"].cpu(),
+        data["response_mask"].cpu(),
+        k=int(settings["topk"]),
+        temperature=float(settings["temperature"]),
+        micro_batch_size=int(settings["micro_batch_size"]),
+        token_budget=budget if budget > 0 else None,
+        chunk_size=chunk if chunk > 0 else None,
+        pad_id=int(settings["pad_token_id"]),
+        device=device,
+        sync_forward_count=sync,
+    )
+    R = data["prompt_lens"].shape[0]
+    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
+    return TensorDict(
+        {
+            "teacher_topk_logprobs": out["topk_logprobs"],
+            "teacher_topk_ids": out["topk_ids"],
+            "teacher_token_logprobs": out["token_logprobs"],
+            "teacher_forwards": counts.expand(R, 2).clone(),
+        },
+        batch_size=[R],
+    )

@@ -18,7 +18,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage, smoothstep_beta
-from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+from recipe.mrtpo.core.replay import hf_forward
 from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
 
 MSGS = [{"role": "user", "content": "Write a haiku about rain. Do not use any commas. Use only lowercase letters."}]
@@ -81,14 +81,12 @@ def make_trainer(tok, model, step: int, *overrides: str):
     calls = []
 
     def compute_replay_relevance(td):
-        from recipe.mrtpo.worker import REPLAY_SETTINGS
+        from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
 
         assert all(td.get_non_tensor(k) is not None for k in REPLAY_SETTINGS)  # what the worker requires
         calls.append(int(td["pair_variant"].shape[0]))
-        out = replay_relevance(hf_forward(model), td["variant_ids"], td["variant_lens"], td["responses"], td["response_mask"],
-                               td["pair_variant"], temperature=float(td.get_non_tensor("temperature")),
-                               measure=td.get_non_tensor("measure"), micro_batch_size=int(td.get_non_tensor("micro_batch_size")))
-        return TensorDict({"relevance": out["relevance"], "replay_logprobs": out["replay_logprobs"]}, batch_size=[out["relevance"].shape[0]])
+        with torch.no_grad():  # as the worker's eval mode
+            return replay_rows(hf_forward(model), td, "cpu", sync=None)  # the worker's own code, one rank
 
     trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]}, compute_replay_relevance=compute_replay_relevance)
     return trainer, calls
