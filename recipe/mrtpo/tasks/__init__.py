@@ -6,7 +6,7 @@ __all__ = ["Context", "RewardResult", "get_task", "register_task", "registered_t
 
 # Built-in tasks register themselves on import (see each module's bottom line).
 from recipe.mrtpo.tasks import instruction_following as _if  # noqa: E402,F401
+from recipe.mrtpo.tasks import synthetic_slots as _slots  # noqa: E402,F401
 from recipe.mrtpo.tasks import text_to_sql as _sql  # noqa: E402,F401
 from recipe.mrtpo.tasks import tool_calling as _tool  # noqa: E402,F401
-from recipe.mrtpo.tasks import synthetic_slots as _slots  # noqa: E402,F401
 from recipe.mrtpo.tasks import toolrl as _toolrl  # noqa: E402,F401

@@ -26,8 +26,9 @@ the row's ``data_source``. A new task is one function and one line::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 Placement = Literal["prompt", "appended"]
 PLACEMENTS = ("prompt", "appended")
@@ -50,7 +51,7 @@ class Context:
         return {"text": self.text, "placement": self.placement}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Context":
+    def from_dict(cls, d: dict) -> Context:
         return cls(text=d["text"], placement=d["placement"])
 
 

@@ -137,7 +137,7 @@ class SqlResult:
         return (self.columns, self.rows, self.error, self.truncated, self.nbytes)
 
     @classmethod
-    def from_wire(cls, t: tuple) -> "SqlResult":
+    def from_wire(cls, t: tuple) -> SqlResult:
         columns, rows, error, truncated, nbytes = t
         return cls(tuple(columns), tuple(tuple(r) for r in rows), error, bool(truncated), int(nbytes))
 
@@ -446,7 +446,7 @@ def execute_sql(
 # ---------------------------------------------------------------------------------------------------
 # Gold cache: one execution per (database file version, gold SQL, limits), successes only.
 
-_gold_cache: "OrderedDict[tuple, SqlResult]" = OrderedDict()
+_gold_cache: OrderedDict[tuple, SqlResult] = OrderedDict()
 _gold_lock = threading.Lock()
 _gold_bytes = 0
 

@@ -52,7 +52,8 @@ import json
 import math
 import re
 from collections import Counter
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import sqlglot
 from sqlglot import exp
