@@ -126,3 +126,9 @@ def write_advantages(batch, adv_batch: AdvantageBatch, advantages: torch.Tensor,
 def fetch_fields(batch, fields: list[str]):
     """Other per-sample fields of the batch from TransferQueue (e.g. ``extra_fields``, ``raw_prompt``)."""
     return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+
+
+def write_fields(batch, fields: dict):
+    """Other per-sample fields (nested over the batch) to TransferQueue, e.g. OPSD's ``teacher_logprobs`` /
+    ``teacher_ids`` (``opsd_step.py``). Returns verl's updated batch meta (every persisted field)."""
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(dict(fields), batch_size=len(batch)))

@@ -14,7 +14,11 @@ from typing import Any, Optional
 from verl.base_config import BaseConfig
 
 MEASURES = ("js_distance", "js_divergence")
-MODES = ("mrtpo", "cort")
+MODES = ("mrtpo", "cort", "opsd")
+#: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
+#: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
+OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
+OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
 REWARD_WEIGHTINGS = ("none", "saw", "dvao")
 RECIPE_ESTIMATORS = ("mrtpo", "gdpo")  # advantage estimators whose step the recipe computes
 
@@ -42,7 +46,7 @@ class MRTPOConfig(BaseConfig):
     warmup_steps: int = 10  # beta_s = beta * smoothstep(s / warmup_steps) (§1.4); 0 = no warm-up
     max_realloc_rms: Optional[float] = 1.0  # rho of the second-moment constraint (§1.5); None disables
     measure: str = "js_distance"  # js_distance | js_divergence (§1.2)
-    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7)
+    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd (§6, docs/opsd.md)
     replay: bool = True  # False: no replay, mrtpo == gdpo (timing baselines)
     shuffle: bool = False  # the control ablation: q permuted over each response's valid tokens (§1.7)
     seed: int = 0  # seed of the shuffle (combined with the step)
@@ -52,6 +56,9 @@ class MRTPOConfig(BaseConfig):
     chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
     max_replay_prompt_length: Optional[int] = None  # longer variants fall back to uniform weights
+    opsd_topk: int = 32  # OPSD: teacher log-probs kept per response token (verl's distillation topk default)
+    opsd_loss_mode: str = "forward_kl_topk"  # OPSD: verl distillation loss (OPSD_LOSS_MODES)
+    opsd_loss_coef: float = 1.0  # OPSD: policy loss of the advantage + coef * distillation loss
     dump: DumpConfig = field(default_factory=DumpConfig)
 
     def __post_init__(self) -> None:
@@ -70,6 +77,11 @@ class MRTPOConfig(BaseConfig):
             raise ValueError(f"mrtpo.chunk_size must be >= 1 or null, got {self.chunk_size}")
         if self.max_replay_prompt_length is not None and self.max_replay_prompt_length < 1:
             raise ValueError(f"mrtpo.max_replay_prompt_length must be >= 1 or null, got {self.max_replay_prompt_length}")
+        if self.opsd_topk < 1:
+            raise ValueError(f"mrtpo.opsd_topk must be >= 1, got {self.opsd_topk}")
+        _choice("opsd_loss_mode", self.opsd_loss_mode, OPSD_LOSS_MODES)
+        if not float(self.opsd_loss_coef) >= 0.0:
+            raise ValueError(f"mrtpo.opsd_loss_coef must be >= 0, got {self.opsd_loss_coef}")
         if self.reward_weights is not None:
             bad = {k: v for k, v in dict(self.reward_weights).items() if not isinstance(v, (int, float))}
             if bad:

@@ -1,0 +1,233 @@
+"""The driver's side of OPSD (``mrtpo.mode=opsd``, docs/opsd.md): teacher prompts, the teacher pass, verl's fields.
+
+:func:`run_opsd_teacher` is what the trainer's advantage step calls: it builds each sample's teacher prompt
+``P_all`` with :func:`recipe.mrtpo.core.prompt_variants.build_sample_variants` (variant 0, exactly the replay's
+P_all: every Z_k of the sample, prompt-placed ones in place, appended ones in one verifier block), packs the
+rows, pads them to the data-parallel size, calls ``dispatch`` (the worker group's ``compute_opsd_teacher``, or
+any function with the same contract in tests) and maps the answer back to the batch. :func:`teacher_fields`
+turns it into verl's ``teacher_logprobs`` / ``teacher_ids`` in verl's per-sequence layout, the fields verl's
+distillation losses read; :func:`distillation_loss_settings` is the loss configuration the actor installs.
+No verl import: the trainer passes the worker call and the chat-template renderer in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from recipe.mrtpo.config import MRTPOConfig
+from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
+from recipe.mrtpo.core.opsd import sequence_teacher_fields, topk_mass
+from recipe.mrtpo.core.prompt_variants import build_sample_variants
+from recipe.mrtpo.reward_extras import RewardTable
+
+# dispatch(inputs: {"prompt_ids" [R', P], "prompt_lens" [R'], "responses" [R', T], "response_mask" [R', T]}, settings)
+#   -> {"teacher_topk_logprobs" [R', T, k], "teacher_topk_ids" [R', T, k], "teacher_token_logprobs" [R', T],
+#       optionally "teacher_forwards" [R', 2] (each row's rank: own and agreed forward counts)}
+Dispatch = Callable[[dict, dict], dict]
+
+#: the non-tensor settings sent with the rows (``worker.compute_opsd_teacher``); 0 = none / auto
+TEACHER_SETTINGS = ("temperature", "topk", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id")
+
+#: the key of the loss settings in the actor update's batch (``worker.update_actor`` installs the loss from it)
+LOSS_SETTINGS_KEY = "mrtpo_opsd_loss"
+
+
+@dataclass
+class OPSDTeacher:
+    """The teacher of every sample of the batch (the rollout prompt's rows where P_all cannot be built)."""
+
+    topk_logprobs: torch.Tensor  # [B, T, k] fp32, 0 at masked positions
+    topk_ids: torch.Tensor  # [B, T, k] int64
+    token_logprobs: torch.Tensor  # [B, T] log p_T(y_t), 0 at masked positions
+    privileged: list[bool] = field(default_factory=list)  # teacher prompt != rollout prompt
+    metrics: dict = field(default_factory=dict)
+
+
+def teacher_prompts(
+    contexts: Sequence[Optional[dict]],
+    messages: Sequence[Optional[list]],
+    rollout_prompts: Sequence[Sequence[int]],
+    render: Callable[[list[dict]], list[int]],
+    max_prompt_length: Optional[int] = None,
+) -> tuple[list[list[int]], list[Optional[str]]]:
+    """Per sample: its teacher prompt ids and, where P_all could not be built, the reason.
+
+    P_all is variant 0 of :func:`build_sample_variants` with every reward of the sample (the same P_all for
+    any choice of replayed reward; one is passed so that a single P_minus_k is rendered besides it). A sample
+    without contexts (``no_contexts``) or whose P_all cannot be built (``no_messages``, ``too_long``) is
+    taught from its rollout prompt: the teacher is then the behaviour policy itself.
+    """
+    prompts: list[list[int]] = []
+    reasons: list[Optional[str]] = []
+    for i, ctx in enumerate(contexts):
+        ctx = dict(ctx or {})
+        reason = "no_contexts" if not ctx else None
+        if ctx:
+            sv = build_sample_variants(messages[i], ctx, sorted(ctx)[:1], render, max_prompt_length)
+            if sv.variants:
+                prompts.append(list(sv.variants[0]))
+                reasons.append(None)
+                continue
+            reason = next(iter(sv.fallbacks.values()), "not_found")
+        prompts.append(list(rollout_prompts[i]))
+        reasons.append(reason)
+    return prompts, reasons
+
+
+def pack_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids [B, P] and their lengths [B]."""
+    P = max((len(p) for p in prompts), default=1) or 1
+    ids = torch.full((len(prompts), P), int(pad_id), dtype=torch.long)
+    lens = torch.zeros(len(prompts), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, P - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        lens[i] = len(p)
+    return ids, lens
+
+
+def pad_to_multiple(inputs: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
+    """Pad the rows to a multiple of the data-parallel size with rows of prompt length 0 (no forward)."""
+    B = inputs["prompt_lens"].shape[0]
+    n_pad = (-B) % multiple if multiple > 1 else 0
+    if n_pad == 0:
+        return inputs
+    return {k: torch.cat([v, torch.zeros((n_pad, *v.shape[1:]), dtype=v.dtype)], dim=0) for k, v in inputs.items()}
+
+
+def run_opsd_teacher(
+    cfg: MRTPOConfig,
+    table: RewardTable,
+    messages: Sequence[Optional[list]],
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_prompts: Sequence[Sequence[int]],
+    render: Callable[[list[dict]], list[int]],
+    dispatch: Dispatch,
+    dp_size: int,
+    temperature: float,
+    pad_id: int,
+    token_budget: int = 0,
+    old_log_probs: Optional[torch.Tensor] = None,
+) -> OPSDTeacher:
+    """Plan, dispatch and map back the teacher pass of one batch (module docstring).
+
+    ``token_budget``: padded tokens per teacher forward (verl's ``log_prob_max_token_len_per_gpu`` under
+    ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    """
+    t0 = time.perf_counter()
+    B, T = responses.shape
+    prompts, reasons = teacher_prompts(table.contexts, messages, rollout_prompts, render, cfg.max_replay_prompt_length)
+    privileged = [p != list(r) for p, r in zip(prompts, rollout_prompts)]
+    ids, lens = pack_prompts(prompts, pad_id)
+    inputs = pad_to_multiple(
+        {"prompt_ids": ids, "prompt_lens": lens, "responses": responses.long().cpu(), "response_mask": response_mask.long().cpu()},
+        dp_size,
+    )
+    settings = {
+        "temperature": float(temperature),
+        "topk": int(cfg.opsd_topk),
+        "micro_batch_size": int(cfg.replay_micro_batch_size),
+        "token_budget": int(token_budget or 0),
+        "chunk_size": int(cfg.chunk_size or 0),
+        "pad_token_id": int(pad_id),
+    }
+    out = dispatch(inputs, settings)
+    teacher = OPSDTeacher(
+        topk_logprobs=out["teacher_topk_logprobs"][:B].float(),
+        topk_ids=out["teacher_topk_ids"][:B].long(),
+        token_logprobs=out["teacher_token_logprobs"][:B].float(),
+        privileged=privileged,
+    )
+    m = teacher.metrics
+    m["mrtpo/opsd/rows_privileged"] = sum(privileged)
+    m["mrtpo/opsd/rows_same_prompt"] = sum(1 for p, r in zip(privileged, reasons) if not p and r is None)
+    for reason, n in Counter(r for r in reasons if r).items():
+        m[f"mrtpo/opsd/fallback/{reason}"] = n
+    extra = [len(p) - len(r) for p, r in zip(prompts, rollout_prompts)]
+    m["mrtpo/opsd/teacher_prompt_extra_tokens"] = sum(extra) / max(1, len(extra))
+    m.update(teacher_metrics(teacher, responses, response_mask, old_log_probs))
+    if out.get("teacher_forwards", None) is not None:
+        counts = torch.as_tensor(out["teacher_forwards"]).long().chunk(max(1, dp_size))
+        m["mrtpo/opsd/teacher_forwards_max"] = max(int(c[0, 0]) for c in counts if c.shape[0])
+        m["mrtpo/opsd/teacher_padding_forwards"] = sum(int(c[0, 1]) - int(c[0, 0]) for c in counts if c.shape[0])
+    m["mrtpo/opsd/teacher_time_s"] = time.perf_counter() - t0
+    return teacher
+
+
+def teacher_metrics(teacher: OPSDTeacher, responses: torch.Tensor, response_mask: torch.Tensor, old_log_probs=None) -> dict:
+    """Teacher-side metrics over the valid response tokens (the student-side ones come from verl's loss):
+
+    - ``teacher_topk_mass``: mean of sum_{v in K_T} p_T(v), the share of the teacher kept by the top-k;
+    - ``sampled_in_teacher_topk``: share of sampled tokens y_t inside the teacher's top-k;
+    - ``teacher_logprob_gain``: mean of log p_T(y_t) - log pi_old(y_t | rollout prompt) (what the
+      privileged context changes on the sampled tokens; 0 where P_all is the rollout prompt).
+    """
+    mask = response_mask.bool().cpu()
+    n = mask.sum().clamp(min=1)
+    mass = topk_mass(teacher.topk_logprobs)
+    inside = (teacher.topk_ids == responses.long().cpu().unsqueeze(-1)).any(-1)
+    out = {
+        "mrtpo/opsd/teacher_topk_mass": float((mass * mask).sum() / n),
+        "mrtpo/opsd/sampled_in_teacher_topk": float((inside & mask).sum() / n),
+    }
+    if old_log_probs is not None:
+        gain = (teacher.token_logprobs - old_log_probs.float().cpu()) * mask
+        out["mrtpo/opsd/teacher_logprob_gain"] = float(gain.sum() / n)
+    return out
+
+
+def teacher_fields(
+    teacher: OPSDTeacher,
+    responses: torch.Tensor,
+    prompt_lens: Sequence[int],
+    response_lens: Sequence[int],
+    use_topk: bool,
+    pad_id: int = 0,
+) -> dict[str, torch.Tensor]:
+    """verl's ``teacher_logprobs`` / ``teacher_ids`` for every sample, nested over the batch.
+
+    Each sample's tensors cover its whole sequence (prompt + response rows, :func:`sequence_teacher_fields`):
+    [L_i, k] top-k log-probs and ids for ``forward_kl_topk``, [L_i, 1] the sampled token's teacher log-prob
+    (and its id) for verl's single-sample estimators (``k3``...).
+    """
+    lps, idss = [], []
+    for i in range(len(prompt_lens)):
+        if use_topk:
+            lp, ids = teacher.topk_logprobs[i], teacher.topk_ids[i]
+        else:
+            lp, ids = teacher.token_logprobs[i].unsqueeze(-1), responses[i].long().cpu().unsqueeze(-1)
+        a, b = sequence_teacher_fields(lp, ids, int(prompt_lens[i]), int(response_lens[i]), pad_id)
+        lps.append(a)
+        idss.append(b)
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    return {"teacher_logprobs": nested(lps), "teacher_ids": nested(idss)}
+
+
+def distillation_loss_settings(cfg: MRTPOConfig, verl_loss_group: Optional[dict] = None) -> dict:
+    """The ``DistillationLossConfig`` fields the actor's loss is built with (``opsd_loss.py``).
+
+    Start from verl's ``distillation.distillation_loss`` group (clamps, ``use_policy_gradient``...; its
+    defaults when absent), then the recipe's knobs: ``loss_mode = mrtpo.opsd_loss_mode``, ``topk =
+    mrtpo.opsd_topk``, ``distillation_loss_coef = mrtpo.opsd_loss_coef``, ``use_task_rewards = True`` (RL +
+    distillation: the GDPO advantage's policy loss plus the coefficient times the distillation loss).
+    """
+    out = {k: v for k, v in dict(verl_loss_group or {}).items() if k not in ("_target_", "global_batch_info", "loss_settings")}
+    out.update(
+        loss_mode=cfg.opsd_loss_mode,
+        topk=int(cfg.opsd_topk),
+        distillation_loss_coef=float(cfg.opsd_loss_coef),
+        use_task_rewards=True,
+    )
+    return out
+
+
+def uses_topk(cfg: MRTPOConfig) -> bool:
+    """Whether the loss reads the teacher's top-k (``forward_kl_topk``) or the sampled token's log-prob."""
+    return cfg.opsd_loss_mode in OPSD_TOPK_LOSS_MODES
