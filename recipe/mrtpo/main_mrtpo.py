@@ -41,6 +41,56 @@ def check_config(config) -> None:
         )
     if est in RECIPE_ESTIMATORS and not config.algorithm.get("norm_adv_by_std_in_grpo", True):
         raise ValueError(f"adv_estimator={est} normalises each reward by its group std (GDPO): norm_adv_by_std_in_grpo=False is not supported")
+    if est == "mrtpo" and mrtpo_config(config.get("mrtpo", None)).replay:
+        check_replay_settings(config)
+
+
+def _get(config, dotted: str, default=None):
+    """``config.a.b.c`` or ``default`` when any part is absent (composed DictConfig or plain dict)."""
+    node = config
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part, None)
+    return default if node is None else node
+
+
+def check_replay_settings(config) -> None:
+    """verl settings the replay (a plain Hugging Face forward of the actor's module, ``core/replay.py``)
+    cannot run with, refused before Ray starts with what to change (``docs/design.md`` §5).
+
+    - ``use_fused_kernels=True``: verl replaces the model's forward with one that returns log-probs and
+      entropy only, no ``.logits``; the replay needs the full next-token distributions.
+    - Ulysses sequence parallel > 1: verl patches attention with all-to-alls over the sequence-parallel
+      group and shards each sequence over it; the replay feeds every rank whole sequences of its own rows.
+    - an actor strategy other than FSDP: the replay calls ``engine.module`` as one Hugging Face model.
+    ``use_remove_padding=True`` is supported: it patches only the flash-attention function, which with
+    sequence parallel 1 calls the original one with the same arguments (tests/integration/test_main_mrtpo.py).
+    """
+    arr = "actor_rollout_ref"
+    off = "or turn the replay off (mrtpo.replay=False: the run is then GDPO)"
+    fused = [k for k in (f"{arr}.model.use_fused_kernels", f"{arr}.actor.use_fused_kernels") if bool(_get(config, k, False))]
+    if fused:
+        raise ValueError(
+            f"{fused[0]}=True is not supported with adv_estimator=mrtpo: verl's fused-kernel forward returns "
+            "log-probs without logits, and the MRTPO replay compares full next-token distributions. Set "
+            f"{arr}.model.use_fused_kernels=False, {off}."
+        )
+    for key in (f"{arr}.actor.ulysses_sequence_parallel_size", f"{arr}.actor.fsdp_config.ulysses_sequence_parallel_size"):
+        sp = int(_get(config, key, 1) or 1)
+        if sp > 1:
+            raise ValueError(
+                f"{key}={sp} is not supported with adv_estimator=mrtpo: the replay runs whole sequences through the "
+                "plain model forward, which Ulysses sequence parallel shards across ranks. Set "
+                f"{arr}.actor.ulysses_sequence_parallel_size=1 (and fsdp_config.ulysses_sequence_parallel_size=1; "
+                f"fit long sequences with use_dynamic_bsz / ppo_max_token_len_per_gpu instead), {off}."
+            )
+    strategy = str(_get(config, f"{arr}.actor.strategy", "fsdp"))
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(
+            f"{arr}.actor.strategy={strategy} is not supported with adv_estimator=mrtpo: the replay runs on the FSDP "
+            f"engine's Hugging Face module. Use {arr}.actor.strategy=fsdp2 (or fsdp), {off}."
+        )
 
 
 def run(config) -> None:

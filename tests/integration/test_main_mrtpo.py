@@ -63,3 +63,124 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
         check_config(compose_cfg("algorithm.norm_adv_by_std_in_grpo=False"))
     check_config(compose_cfg("mrtpo.beta=0.99", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))
+
+
+ARR = "actor_rollout_ref"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (f"{ARR}.model.use_fused_kernels=True", f"{ARR}.model.use_fused_kernels=False"),
+        (f"{ARR}.actor.ulysses_sequence_parallel_size=2", f"{ARR}.actor.ulysses_sequence_parallel_size=1"),
+        (f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size=4", "fsdp_config.ulysses_sequence_parallel_size=1"),
+        (f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.strategy=fsdp2"),
+    ],
+)
+def test_settings_the_replay_cannot_run_with_are_refused_before_ray(override, message):
+    """verl settings that would crash the first replay (no logits, sharded sequences, a non-HF module) fail at
+    composition, naming the setting to change; GDPO and a run with the replay off accept them."""
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    with pytest.raises(ValueError, match="adv_estimator=mrtpo") as err:
+        check_config(compose_cfg(override))
+    assert message in str(err.value) and "mrtpo.replay=False" in str(err.value)
+    check_config(compose_cfg(override, "mrtpo.replay=False"))
+    check_config(compose_cfg(override, "algorithm.adv_estimator=gdpo"))
+
+
+def test_run_script_gpu_settings_pass_the_check():
+    """use_remove_padding=True (what the run scripts set) and fsdp2 are accepted with the replay on."""
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    check_config(compose_cfg(f"{ARR}.model.use_remove_padding=True", f"{ARR}.actor.strategy=fsdp2",
+                             f"{ARR}.model.use_fused_kernels=False", "algorithm.adv_estimator=mrtpo"))
+
+
+def _packed_old_log_probs(model, seqs: list, prompt_lens: list) -> list:
+    """verl's use_remove_padding=True log-prob path on CPU: the FSDP engine's own ``prepare_model_inputs`` packs
+    the sequences into one row (position ids restart per sequence, no attention mask), the model runs it once,
+    and ``logprobs_from_logits`` reads the rolled ids, as ``compute_log_prob`` does."""
+    from types import SimpleNamespace
+
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.torch_functional import logprobs_from_logits
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    mb = TensorDict({"input_ids": nested(seqs), "position_ids": nested([torch.arange(len(s)) for s in seqs]),
+                     "temperature": torch.ones(len(seqs))}, batch_size=[len(seqs)])
+    tu.assign_non_tensor(mb, use_remove_padding=True)
+    engine = SimpleNamespace(pad_to_length=False, use_ulysses_sp=False, _get_packed_pad_size=lambda n: 0)
+    inputs, out_args = FSDPEngineWithLMHead.prepare_model_inputs(engine, mb)
+    assert inputs["attention_mask"] is None and inputs["input_ids"].shape[0] == 1  # the packed (varlen) layout
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits[0]
+    lp = logprobs_from_logits(logits.float(), out_args["input_ids_rmpad_rolled"])
+    out, start = [], 0
+    for s, p in zip(seqs, prompt_lens):
+        out.append(lp[start + p - 1 : start + len(s) - 1])  # the response tokens' log-probs
+        start += len(s)
+    return out
+
+
+def test_use_remove_padding_leaves_the_replay_forward_unchanged(monkeypatch):
+    """What use_remove_padding=True changes for the replay, exercised on CPU.
+
+    verl's engine calls ``apply_monkey_patch(use_remove_padding=True)`` on the actor's module. For a text model
+    with sequence parallel 1 that replaces only transformers' flash-attention function (by a wrapper that calls
+    the original with the same arguments) and leaves the model's forward alone; the replay's plain forward with
+    an attention mask then gives the same relevance and log-probs as before the patch, and its P_all log-probs
+    equal verl's packed remove-padding old_log_prob (the consistency metric's premise)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.integrations import flash_attention
+    from verl.models.transformers import monkey_patch
+
+    from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+
+    monkeypatch.setattr(flash_attention, "_flash_attention_forward", flash_attention._flash_attention_forward)  # restored after
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, max_position_embeddings=256)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    g = torch.Generator().manual_seed(1)
+    R, NV, P, T = 3, 3, 20, 12
+    lens = torch.tensor([[20, 14, 17], [11, 8, 0], [16, 16, 9]])
+    ids = torch.zeros(R, NV, P, dtype=torch.long)
+    for r in range(R):
+        for j in range(NV):
+            if lens[r, j]:
+                ids[r, j, P - int(lens[r, j]):] = torch.randint(1, 512, (int(lens[r, j]),), generator=g)
+    responses = torch.randint(1, 512, (R, T), generator=g)
+    resp_lens = [12, 7, 9]
+    mask = torch.zeros(R, T, dtype=torch.long)
+    for r, n in enumerate(resp_lens):
+        mask[r, :n] = 1
+    pair = torch.tensor([[1, 2], [1, -1], [2, 1]])
+
+    def replay():
+        return replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, micro_batch_size=2)
+
+    forward_before = type(model).forward
+    before = replay()
+    monkey_patch.apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True, use_fused_kernels=False)
+    assert flash_attention._flash_attention_forward is monkey_patch._ulysses_flash_attention_forward  # what it patches
+    assert type(model).forward is forward_before  # the model's forward (and its .logits) untouched
+    after = replay()
+    assert set(before) == set(after) and "replay_logprobs" in after
+    for key, value in before.items():  # relevance (per reward or per variant), log-probs, counts: bit-identical
+        assert torch.equal(value, after[key]), key
+    relevance = [v for k, v in after.items() if "relevance" in k]
+    assert relevance and float(relevance[0].max()) > 0
+
+    seqs = [torch.cat([ids[r, 0, P - int(lens[r, 0]):], responses[r, : resp_lens[r]]]) for r in range(R)]
+    packed = _packed_old_log_probs(model, seqs, [int(lens[r, 0]) for r in range(R)])
+    for r in range(R):
+        assert torch.allclose(after["replay_logprobs"][r, : resp_lens[r]], packed[r], atol=1e-4), r

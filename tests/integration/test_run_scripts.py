@@ -3,7 +3,8 @@
 Two kinds of checks, neither of which can start Ray or a training run:
 
 - dry runs (``DRY_RUN=1``): every script through the real entry point with Hydra's ``--cfg job
-  --resolve``; the YAML it prints is parsed and checked (estimator, reward manager, replay switches,
+  --resolve``; the YAML it prints is parsed, passed through ``main_mrtpo.check_config`` (which the dry run
+  itself skips) and checked (estimator, reward manager, replay switches,
   model and data paths, nodes/GPUs from the environment, hyper-parameters, the extra override winning).
   The ALGO values are spread over the nine scripts so that each value runs at least once (the ALGO
   switch lives in common.sh, shared by all scripts); the nine runs go two at a time (~10 s each).
@@ -150,6 +151,13 @@ def test_dry_run_config(dry_runs, name):
     rm = cfg["reward"]["reward_manager"]
     assert (rm["name"], rm["source"], rm["module"]["path"]) == ("MRTPORewardManager", "importlib", "pkg://recipe.mrtpo.reward_manager")
     assert cfg["trainer"]["v1"]["trainer_mode"] == "mrtpo" and cfg["trainer"]["use_v1"] is True
+    # the composed config passes the entry point's own check (run before Ray starts), GPU settings included
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    check_config(OmegaConf.create(cfg))
+    assert arr["model"]["use_remove_padding"] is True and arr["model"]["use_fused_kernels"] is False
 
     # model and data
     family = "Qwen2.5-Coder" if task == "text2sql" else "Qwen2.5"
