@@ -1,0 +1,124 @@
+"""The replay under real FSDP2 on two processes (gloo) with uneven work per rank (docs/design.md §5).
+
+Every FSDP2 forward all-gathers the parameters, so two ranks whose replays differ in length must agree on
+the number of forwards before the first one, or their collectives stop pairing up and the run hangs.
+Here rank 0 replays three rows (eight forwards) and rank 1 one row (two forwards) of a tiny Qwen2 under
+``torch.distributed.fsdp.fully_shard``; both must finish within a bound and together equal the
+single-process replay of the four rows.
+
+The ranks are this file run as a script (``python test_replay_distributed.py RANK WORLD WORKDIR``),
+rendezvous through a file in WORKDIR (no network), started and bounded by the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+WORLD = 2
+ROWS_OF_RANK = {0: [0, 1, 2], 1: [3]}  # uneven on purpose: 8 forwards against 2
+BOUND_S = 300  # generous: two processes importing torch + transformers on a loaded 2-core machine
+
+
+def tiny_qwen2(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # random init at std 0.02 barely reacts to the prompt: sharpen it
+        for p in model.parameters():
+            p.mul_(8.0)
+    return model
+
+
+def replay_inputs():
+    """Four rows: variants used 2, 1, 2 and 1 (besides P_all); prompt lengths and response lengths differ."""
+    g = torch.Generator().manual_seed(0)
+    R, NV, P, T = 4, 3, 9, 7
+    ids = torch.randint(1, 512, (R, NV, P), generator=g)
+    lens = torch.tensor([[9, 7, 6], [8, 5, 0], [9, 8, 4], [6, 3, 0]])
+    for r in range(R):
+        for j in range(NV):
+            ids[r, j, : P - int(lens[r, j])] = 0
+    responses = torch.randint(1, 512, (R, T), generator=g)
+    mask = torch.ones(R, T, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[2, 2:4] = 0  # non-contiguous
+    pair = torch.tensor([[1, 2, -1], [-1, 1, 1], [2, 1, 1], [1, -1, -1]])
+    return ids, lens, responses, mask, pair
+
+
+def _replay(model, rows, sync):
+    from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+
+    ids, lens, responses, mask, pair = (x[rows] for x in replay_inputs())
+    with torch.no_grad():
+        return replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, micro_batch_size=1,
+                                temperature=0.8, sync_forward_count=sync)
+
+
+def rank_main(rank: int, world: int, workdir: Path) -> None:
+    """One rank: FSDP2-shard the model (each decoder layer, then the root), replay this rank's rows."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from recipe.mrtpo.core.replay import sync_max_over_ranks
+
+    dist.init_process_group("gloo", init_method=f"file://{workdir / 'rendezvous'}", rank=rank, world_size=world)
+    model = tiny_qwen2()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    out = _replay(model, ROWS_OF_RANK[rank], sync_max_over_ranks)
+    torch.save(out, workdir / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(workdir: Path, script: Path, bound_s: float) -> tuple[bool, list]:
+    """Start the ranks of ``script``; True if all exited within ``bound_s`` (else they are killed)."""
+    paths = [str(Path(__file__).resolve().parents[2]), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(paths))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(WORLD), str(workdir)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]
+    deadline = time.monotonic() + bound_s
+    try:
+        for p in procs:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        return True, [(p.returncode, p.stdout.read().decode(errors="replace")[-3000:]) for p in procs]
+    except subprocess.TimeoutExpired:
+        return False, []
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_uneven_ranks_under_fsdp2_finish_and_equal_one_process(tmp_path):
+    finished, outputs = launch(tmp_path, Path(__file__).resolve(), BOUND_S)
+    assert finished, f"the two FSDP2 ranks did not finish within {BOUND_S} s (collectives out of step?)"
+    for rc, log in outputs:
+        assert rc == 0, log
+    outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert [int(o["n_forwards"]) for o in outs] == [8, 2]
+    assert [int(o["n_forwards_global"]) for o in outs] == [8, 8]
+    ref = _replay(tiny_qwen2(), [0, 1, 2, 3], None)
+    got_rel = torch.cat([o["variant_relevance"] for o in outs])
+    got_lp = torch.cat([o["replay_logprobs"] for o in outs])
+    assert torch.allclose(got_rel, ref["variant_relevance"], atol=1e-5)
+    assert torch.allclose(got_lp, ref["replay_logprobs"], atol=1e-5)
+    assert (ref["variant_relevance"][0, :2] > 0).any() and (ref["variant_relevance"][2, :, 2:4] == 0).all()
+
+
+if __name__ == "__main__":
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
