@@ -1,10 +1,16 @@
 """P_all / P_minus_k construction (docs/design.md §2) and its fallbacks."""
 
+import pytest
+
 from recipe.mrtpo.core.prompt_variants import (
     BLOCK_OPEN,
+    CachedRender,
     append_to_last_user,
     build_sample_variants,
+    count_occurrences,
+    remove_all,
     remove_from_messages,
+    rollout_prompt_variant,
     verifier_block,
 )
 
@@ -99,3 +105,96 @@ def test_appended_placement_and_joint():
     assert len(joint.variants) == 2 and set(joint.pair_variant.values()) == {1}
     p_none = text_of(joint.variants[1])
     assert "commas" not in p_none and BLOCK_OPEN not in p_none
+
+
+Z = "Do not use any commas."
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (f"Write a poem. {Z} Use lowercase.", "Write a poem. Use lowercase."),
+        (f"Write a poem.\n\n{Z}\n\nUse lowercase.", "Write a poem.\n\nUse lowercase."),
+        (f"Write a poem. {Z}\nUse lowercase.", "Write a poem.\nUse lowercase."),
+        (f"Write a poem.\n{Z} Use lowercase.", "Write a poem.\nUse lowercase."),
+        (f"{Z}\n\nWrite a poem.", "Write a poem."),
+        (f"Write a poem.\n\n{Z}\n", "Write a poem.\n"),
+        (f"Write a poem.\n\n{Z}", "Write a poem."),
+        (f"Write a poem ({Z}) now.", "Write a poem () now."),
+    ],
+)
+def test_removal_collapses_its_separators(content, expected):
+    out, n = remove_all(content, Z)
+    assert (out, n) == (expected, 1)
+    assert "  " not in out and "\n\n\n" not in out
+
+
+def test_every_copy_is_removed_from_system_and_user_turns_only():
+    msgs = [
+        {"role": "system", "content": f"Rules:\n{Z}\nBe kind."},
+        {"role": "user", "content": "Here is an example."},
+        {"role": "assistant", "content": f"I will follow: {Z}"},  # the model's own text: never edited
+        {"role": "tool", "content": Z},
+        {"role": "user", "content": [{"type": "text", "text": f"Write a poem. {Z} {Z} Use lowercase."}, {"type": "image"}]},
+    ]
+    assert count_occurrences(msgs, Z) == 3
+    out = remove_from_messages(msgs, Z)
+    assert out[0]["content"] == "Rules:\nBe kind."
+    assert out[4]["content"][0]["text"] == "Write a poem. Use lowercase." and out[4]["content"][1] == {"type": "image"}
+    assert out[2] == msgs[2] and out[3] == msgs[3] and out[1] == msgs[1]
+    assert Z in msgs[0]["content"] and Z in msgs[4]["content"][0]["text"]  # input untouched
+    # Z only in an assistant turn: not found (a fallback, counted), never removed from the model's text
+    only_assistant = [msgs[1], msgs[2]]
+    assert remove_from_messages(only_assistant, Z) is None
+    plan = build_sample_variants(only_assistant, {"no_comma": {"text": Z, "placement": "prompt"}}, ["no_comma"], render)
+    assert plan.fallbacks == {"no_comma": "not_found"}
+
+
+def test_a_removal_that_recreates_the_text_removes_it_too():
+    out, n = remove_all("abcabcxx", "abc")
+    assert out == "xx" and n == 2
+    out, n = remove_all("aabcbc", "abc")  # removing the inner copy joins a new one
+    assert out == "" and n == 2
+
+
+def test_repeated_context_is_counted_and_fully_removed_from_p_minus_k():
+    msgs = [{"role": "system", "content": f"Format: {Z}"}, {"role": "user", "content": f"Write a poem. {Z} Use lowercase."}]
+    ctx = {"no_comma": {"text": Z, "placement": "prompt"}, "lower": {"text": "Use lowercase.", "placement": "prompt"}}
+    plan = build_sample_variants(msgs, ctx, list(ctx), render)
+    assert plan.repeated == {"no_comma": 2} and not plan.fallbacks
+    minus = text_of(plan.variants[plan.pair_variant["no_comma"]])
+    assert "commas" not in minus and "Use lowercase." in minus and "Format:<user>" in minus
+
+
+def test_rollout_prompt_variant_finds_the_variant_without_any_appended_block():
+    """Tool calling: format is prompt-placed, correctness appended; P_all = prompt + block, so the variant
+    without the block (P_minus_correctness) is the rollout prompt, the row the consistency metric can use."""
+    ctx = {"format": {"text": Z, "placement": "prompt"},
+           "correctness": {"text": '[{"name": "f", "arguments": {}}]', "placement": "appended"}}
+    rollout = render(MSGS)
+    plan = build_sample_variants(MSGS, ctx, list(ctx), render)
+    j = rollout_prompt_variant(plan.variants, rollout)
+    assert j == plan.pair_variant["correctness"] and j != 0
+    assert BLOCK_OPEN in text_of(plan.variants[0])
+    prompt_only = build_sample_variants(MSGS, CTX, list(CTX), render)
+    assert rollout_prompt_variant(prompt_only.variants, rollout) == 0  # prompt-placed Z: P_all
+    only_format = build_sample_variants(MSGS, ctx, ["format"], render)  # no P_minus_correctness replayed
+    assert rollout_prompt_variant(only_format.variants, rollout) == -1
+    assert rollout_prompt_variant(plan.variants, rollout[:-1]) == -1
+
+
+def test_cached_render_renders_each_distinct_prompt_once():
+    calls = []
+
+    def counting(msgs):
+        calls.append(1)
+        return render(msgs)
+
+    cached = CachedRender(counting)
+    plans = [build_sample_variants(MSGS, CTX, list(CTX), cached) for _ in range(4)]  # a group of four samples
+    assert len(calls) == 3 and cached.calls == 12 and cached.hits == 9  # P_all and two P_minus_k, once each
+    direct = build_sample_variants(MSGS, CTX, list(CTX), render)
+    assert all(p.variants == direct.variants and p.pair_variant == direct.pair_variant for p in plans)
+    ids = cached(MSGS)
+    ids.append(-1)  # callers get their own list
+    assert cached(MSGS) == render(MSGS)

@@ -1,8 +1,9 @@
 """Prompt variants for the replay: P_all and P_minus_k from a sample's messages and contexts Z_k
 (docs/design.md §2). Pure Python; tokenisation is a callable passed in.
 
-- ``placement="prompt"``: Z_k is a verbatim substring of the chat messages. P_minus_k removes it
-  (its first occurrence, searching the messages from the last user turn backwards, then the rest).
+- ``placement="prompt"``: Z_k is a verbatim substring of the system or user turns (never searched in
+  assistant or tool turns). P_minus_k removes every occurrence, each removal collapsing the separators
+  around it (no double space or extra blank line left); several occurrences are counted (``repeated``).
 - ``placement="appended"``: P_all gets one verifier-information block at the end of the last user
   turn, holding every appended Z_j of the sample, each labelled by its reward name::
 
@@ -17,11 +18,16 @@ A variant that cannot be built gets no replay and its pair falls back to uniform
 reason: ``not_found`` (Z_k not in the prompt), ``empty_context``, ``too_long`` (over the replay prompt
 length limit), ``no_messages`` (no raw chat to edit). Variants are deduplicated by token ids: identical
 prompts (e.g. two rewards with the same context) are replayed once.
+
+:func:`rollout_prompt_variant` says which variant of a sample is its rollout prompt (P_all for
+prompt-placed Z; for appended Z, the P_minus_k whose block is empty), the rows where the replay's log-probs
+must equal verl's ``old_log_probs``. :class:`CachedRender` renders each distinct message list once (the
+samples of a group share their prompt, and most of their variants).
 """
 
 from __future__ import annotations
 
-import copy
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -32,38 +38,80 @@ BLOCK_CLOSE = "</verifier_information>"
 FALLBACK_REASONS = ("not_found", "empty_context", "too_long", "no_messages")
 
 
-def _content_str(msg: dict) -> Optional[str]:
-    c = msg.get("content")
-    return c if isinstance(c, str) else None
+SEARCHED_ROLES = ("system", "user")  # Z_k is looked for in these turns only, never in the model's own
+
+
+def _collapse(before: str, after: str) -> str:
+    """Join the text around a removed sentence with one separator: the wider of the two it stood between.
+
+    ``"A. Z. B."`` -> ``"A. B."``; ``"A.\n\nZ\n\nB"`` -> ``"A.\n\nB"``; ``"A. Z.\nB"`` -> ``"A.\nB"``. At
+    the start or end of the text, the text's own leading / trailing white space is kept. So a removal never
+    leaves a double space or three newlines that were not there.
+    """
+    head, tail = before.rstrip(), after.lstrip()
+    ws_before, ws_after = before[len(head):], after[: len(after) - len(tail)]
+    if not head:
+        return ws_before + tail if not tail else tail
+    if not tail:
+        return head + ws_after
+    sep = max(ws_before, ws_after, key=lambda w: (w.count("\n"), len(w)))
+    return head + sep + tail
+
+
+def remove_all(content: str, text: str) -> tuple[str, int]:
+    """``content`` with every occurrence of ``text`` removed (separators collapsed), and how many there were.
+
+    An occurrence created by a removal (the text around it joining into ``text`` again) is removed too:
+    the result never contains ``text``.
+    """
+    n = 0
+    pos = content.find(text) if text else -1
+    while pos >= 0:
+        content = _collapse(content[:pos], content[pos + len(text):])
+        n += 1
+        pos = content.find(text)
+    return content, n
+
+
+def _edit_content(content, text: str):
+    """(new content, occurrences) of a message content: a string, or a list of parts with text parts."""
+    if isinstance(content, str):
+        return remove_all(content, text)
+    if isinstance(content, list):
+        parts, total = [], 0
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                new, n = remove_all(part["text"], text)
+                part = {**part, "text": new} if n else part
+                total += n
+            parts.append(part)
+        return parts, total
+    return content, 0
+
+
+def count_occurrences(messages: Sequence[dict], text: str) -> int:
+    """How many times ``text`` occurs in the system and user turns (what :func:`remove_from_messages` removes)."""
+    return sum(_edit_content(m.get("content"), text)[1] for m in messages if m.get("role") in SEARCHED_ROLES) if text else 0
 
 
 def remove_from_messages(messages: Sequence[dict], text: str) -> Optional[list[dict]]:
-    """A copy of ``messages`` with the first occurrence of ``text`` removed, or None if absent.
+    """A copy of ``messages`` with **every** occurrence of ``text`` removed, or None if it occurs nowhere.
 
-    Search order: the last user message first (where constraints and formats usually sit), then every
-    message from the first. The removal also drops one adjacent separator (space or newline) so that
-    no stray double blank is left behind. Only string contents are edited.
+    Only system and user turns are searched (an assistant turn is the model's own text, a tool turn a tool's).
+    Each removal collapses the separators around it (:func:`_collapse`). The input is not modified.
+    Why every copy and not the first (``docs/design.md`` §2): a copy left behind still shows Z_k to the model.
     """
     if not text:
         return None
-    order = [i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"][:1]
-    order += [i for i in range(len(messages)) if i not in order]
-    for i in order:
-        content = _content_str(messages[i])
-        if content is None:
-            continue
-        pos = content.find(text)
-        if pos < 0:
-            continue
-        before, after = content[:pos], content[pos + len(text) :]
-        if after[:1] in (" ", "\n"):
-            after = after[1:]
-        elif before[-1:] in (" ", "\n"):
-            before = before[:-1]
-        out = copy.deepcopy(list(messages))
-        out[i]["content"] = before + after
-        return out
-    return None
+    out, found = [], 0
+    for msg in messages:
+        if msg.get("role") in SEARCHED_ROLES:
+            content, n = _edit_content(msg.get("content"), text)
+            if n:
+                msg = {**msg, "content": content}
+                found += n
+        out.append(dict(msg))
+    return out if found else None
 
 
 def verifier_block(appended: Sequence[tuple[str, str]]) -> str:
@@ -76,7 +124,7 @@ def verifier_block(appended: Sequence[tuple[str, str]]) -> str:
 
 def append_to_last_user(messages: Sequence[dict], block: str) -> list[dict]:
     """A copy of ``messages`` with ``block`` appended to the last user turn (a new user turn if none)."""
-    out = copy.deepcopy(list(messages))
+    out = [dict(m) for m in messages]  # contents are replaced, never edited in place
     if not block:
         return out
     for i in range(len(out) - 1, -1, -1):
@@ -99,6 +147,7 @@ class SampleVariants:
     pair_variant: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
     deduplicated: int = 0  # P_minus_k variants identical to another variant (not replayed twice)
+    repeated: dict[str, int] = field(default_factory=dict)  # reward -> occurrences of its Z when more than one (all removed)
 
 
 def build_sample_variants(
@@ -153,6 +202,9 @@ def build_sample_variants(
             if not text:
                 return None, "empty_context"
             if ctx.get("placement") == "prompt":
+                n = count_occurrences(msgs, text)
+                if n > 1:
+                    plan.repeated[k] = n
                 msgs = remove_from_messages(msgs, text)
                 if msgs is None:
                     return None, "not_found"
@@ -178,3 +230,43 @@ def build_sample_variants(
         for k in rewards:
             plan.pair_variant[k] = index[key]
     return plan
+
+
+def rollout_prompt_variant(variants: Sequence[Sequence[int]], rollout_prompt: Sequence[int]) -> int:
+    """Index of the variant whose token ids are exactly the rollout prompt, or -1 if none is.
+
+    For prompt-placed Z it is 0 (P_all is the rollout prompt). For a sample whose Z are all appended except
+    the one removed, it is that P_minus_k (its verifier block is empty: tool calling's P_minus_correctness).
+    The replay's log-probs under that variant are verl's ``old_log_probs`` up to numerics (the consistency
+    metric). Variants are distinct (deduplicated), so at most one matches.
+    """
+    target = list(rollout_prompt)
+    for j, v in enumerate(variants):
+        if len(v) == len(target) and list(v) == target:
+            return j
+    return -1
+
+
+class CachedRender:
+    """``render`` (messages -> prompt ids) with one call per distinct message list.
+
+    The n samples of a group carry the same prompt, and their P_all / P_minus_k variants repeat whenever
+    their contexts do (prompt-placed Z always do), so a batch's planning renders each distinct prompt once.
+    Keyed by the messages' JSON; holds the ids of one batch (make one per batch). ``calls`` / ``hits`` count.
+    """
+
+    def __init__(self, render: Callable[[list[dict]], Sequence[int]]):
+        self._render = render
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self.calls = 0
+        self.hits = 0
+
+    def __call__(self, messages: list[dict]) -> list[int]:
+        self.calls += 1
+        key = json.dumps(messages, sort_keys=True, ensure_ascii=False, default=str)
+        ids = self._cache.get(key)
+        if ids is None:
+            ids = self._cache[key] = tuple(self._render(messages))
+        else:
+            self.hits += 1
+        return list(ids)
