@@ -26,6 +26,7 @@ from data_prep import instruction_following as IFB
 from data_prep import text_to_sql as SQLB
 from data_prep import tool_calling as TOOLB
 from data_prep.common import write_parquet
+from recipe.mrtpo.tools.eval import generation as G
 from recipe.mrtpo.tools.eval import harness as E
 from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY, aggregate, score_response
 
@@ -496,6 +497,50 @@ def test_changed_prompt_is_regenerated_and_rescore_reruns_the_verifiers(data, tm
 
 
 # --------------------------------------------------------------------------------------------------
+# scoring options: --strip-reasoning, --sql-mode, --sql-timeout-s
+# --------------------------------------------------------------------------------------------------
+
+
+def test_strip_reasoning_is_off_by_default_and_passed_to_the_if_verifier():
+    gt = _if_gt(NO_COMMA)
+    response = "<think>First, a comma.</think>\nno commas here"
+    as_generated, _ = score_response("if", response, gt)
+    stripped, _ = score_response("if", response, gt, strip_reasoning=True)
+    assert (as_generated["prompt_strict"], stripped["prompt_strict"]) == (0.0, 1.0)
+    unterminated, info = score_response("if", "<think>no commas ever", gt, strip_reasoning=True)
+    assert unterminated["prompt_strict"] == unterminated["prompt_loose"] == 0.0 and info["errors"]
+
+
+def test_sql_mode_is_passed_to_the_sql_verifier(shop_db):
+    gt = {"db_path": shop_db, "gold_sql": "SELECT DISTINCT x FROM (SELECT 1 AS x UNION ALL SELECT 1)"}
+    response = "```sql\nSELECT 1\n```"
+    default, _ = score_response("sql", response, gt)
+    kept, _ = score_response("sql", response, gt, sql_mode="keep_distinct")
+    removed, info = score_response("sql", response, gt, sql_mode="spider_default")
+    assert default == kept and kept["execution_match"] == 1.0
+    assert removed["execution_match"] == 0.0 and "row count" in info["match_detail"]
+    row_says, _ = score_response("sql", response, gt, {"sql_mode": "spider_default"})
+    assert row_says["execution_match"] == 0.0  # the row's extra_info setting, unless overridden
+    overridden, _ = score_response("sql", response, gt, {"sql_mode": "spider_default"}, sql_mode="keep_distinct")
+    assert overridden["execution_match"] == 1.0
+
+
+def test_cached_records_are_rescored_when_the_scoring_options_change(data, tmp_path):
+    out = tmp_path / "r.json"
+    items = E.load_items(data["chinook"], "chinook", 3)
+    stub = _GoldStub({it.messages[-1]["content"]: _gold_answer("chinook", it) for it in items})
+    first, _ = _run_stub("chinook", data["chinook"], out, "--limit", "3", stub=stub)
+    assert first["config"]["scoring"] == {"strip_reasoning": False, "sql_mode": None, "sql_timeout_s": None}
+    assert first["stats"]["rescored"] == 0 and all(it["scoring"] == first["config"]["scoring"] for it in first["items"])
+    second, stub2 = _run_stub("chinook", data["chinook"], out, "--limit", "3", "--sql-mode", "spider_default")
+    assert stub2.prompts == 0 and second["stats"]["rescored"] == 3 and second["stats"]["reused"] == 3
+    assert all(it["scoring"]["sql_mode"] == "spider_default" for it in second["items"])
+    assert second["metrics"]["execution_accuracy"] == 1.0  # the gold answer matches itself in both modes
+    third, stub3 = _run_stub("chinook", data["chinook"], out, "--limit", "3", "--sql-mode", "spider_default")
+    assert stub3.prompts == 0 and third["stats"]["rescored"] == 0  # the re-scored records were cached
+
+
+# --------------------------------------------------------------------------------------------------
 # inputs, CLI errors, backends
 # --------------------------------------------------------------------------------------------------
 
@@ -535,6 +580,8 @@ def test_moved_sql_database_is_reported_before_generation(data, tmp_path):
     (["--top-p", "0"], "--top-p must be in"),
     (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
     (["--limit", "-1"], "must be >= 0"),
+    (["--sql-mode", "distinct"], "invalid choice"),
+    (["--sql-timeout-s", "120"], "--sql-timeout-s must be in (0, 60]"),
 ])
 def test_bad_arguments_are_usage_errors(extra, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -552,7 +599,7 @@ def test_backend_choice(monkeypatch):
     import torch
 
     found = {"vllm": object()}
-    monkeypatch.setattr(E.importlib.util, "find_spec", lambda name: found.get(name))
+    monkeypatch.setattr(G.importlib.util, "find_spec", lambda name: found.get(name))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert E.choose_backend("auto") == "hf" and E.choose_backend("vllm") == "vllm"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from recipe.mrtpo.tasks import Context, get_task
+from recipe.mrtpo.tasks.sql_compare import prepare_queries, remove_distinct, replace_cur_year
 from recipe.mrtpo.tasks.sql_sandbox import DEFAULT_TIMEOUT_S, execute_gold, execute_sql
 from recipe.mrtpo.tasks.text_to_sql import (
     SQL_FORMAT_INSTRUCTION,
@@ -253,13 +254,27 @@ def test_int_and_float_compare_equal(db):
     assert score(_answer("SELECT '5'"), _gt(db, gold)).scores["execution_match"] == 0.0  # text is not a number
 
 
-def test_gold_order_detection():
+def test_gold_order_rule_is_test_suites_substring_test():
+    # test-suite: order_matters = 'order by' in gold.lower(), anywhere in the text
     assert gold_is_ordered("SELECT a FROM t ORDER BY a")
-    assert gold_is_ordered("SELECT a FROM t UNION SELECT b FROM u ORDER BY 1")
-    assert gold_is_ordered("WITH x AS (SELECT a FROM t) SELECT a FROM x ORDER BY a DESC")
-    assert not gold_is_ordered("SELECT a FROM (SELECT a FROM t ORDER BY a)")
-    assert not gold_is_ordered("SELECT a FROM t WHERE b IN (SELECT b FROM u ORDER BY b LIMIT 1)")
-    assert gold_is_ordered("SELECT a FROM t ORDER BY a @@ ???")  # unparsable: depth-0 fallback
+    assert gold_is_ordered("SELECT a FROM t UNION SELECT b FROM u order by 1")
+    assert gold_is_ordered("SELECT a FROM (SELECT a FROM t ORDER BY a)")  # in a subquery: counts
+    assert gold_is_ordered("SELECT a FROM t WHERE b IN (SELECT b FROM u ORDER BY b LIMIT 1)")
+    assert gold_is_ordered("SELECT a FROM t WHERE note = 'sort order by date'")  # even in a literal
+    assert not gold_is_ordered("SELECT a FROM t ORDER  BY a")  # two spaces: not the substring
+    assert not gold_is_ordered("SELECT a FROM t ORDER\nBY a")
+    assert not gold_is_ordered("SELECT max(a) FROM t")
+
+
+def test_order_by_in_a_gold_subquery_makes_row_order_count(db):
+    gold = "SELECT name FROM singer WHERE singer_id IN (SELECT singer_id FROM singer ORDER BY age LIMIT 3)"
+    same_rows_other_order = "SELECT name FROM singer WHERE age <= 30 ORDER BY name DESC"
+    in_gold_order = "SELECT name FROM singer WHERE age <= 30 ORDER BY singer_id"
+    assert score(_answer(same_rows_other_order), _gt(db, gold)).scores["execution_match"] == 0.0
+    assert score(_answer(in_gold_order), _gt(db, gold)).scores["execution_match"] == 1.0
+    # without the ORDER BY in the gold the same rows in another order match
+    unordered = "SELECT name FROM singer WHERE singer_id IN (SELECT singer_id FROM singer WHERE age <= 30)"
+    assert score(_answer(same_rows_other_order), _gt(db, unordered)).scores["execution_match"] == 1.0
 
 
 def test_results_match_permutations_and_bags():
@@ -273,7 +288,7 @@ def test_results_match_permutations_and_bags():
     assert not results_match([(1,), (1,)], [(1,), (2,)], ordered=False)[0]  # bag, not set
     assert not results_match([(1, 2)], [(1,)], ordered=False)[0]  # column count
     assert results_match([], [], ordered=True)[0]
-    assert results_match([(0.1 + 0.2, None)], [(0.3, None)], ordered=False)[0]  # float noise
+    assert results_match([(None, 2)], [(None, 2)], ordered=False)[0]  # NULL equals NULL
     # many identical columns: the search stays bounded and still finds the match
     wide = [tuple([1] * 12 + [i]) for i in range(50)]
     assert results_match([tuple(reversed(r)) for r in wide], wide, ordered=False)[0]
@@ -425,3 +440,105 @@ def test_scoring_is_deterministic(db):
     for response in responses:
         a, b = score(response, _gt(db, gold)), score(response, _gt(db, gold))
         assert (a.scores, a.contexts, a.info) == (b.scores, b.contexts, b.info)
+
+
+# ---------------------------------------------------------------------------------------------------
+# test-suite-sql-eval semantics: values, DISTINCT modes, query fixes
+
+
+def test_values_compare_exactly_as_test_suite():
+    assert results_match([(1.0,)], [(1,)], ordered=False)[0]  # 1 == 1.0
+    assert not results_match([(0.1 + 0.2,)], [(0.3,)], ordered=False)[0]  # no float tolerance
+    a = 1.234567890123
+    b = a + 4e-13  # the same to 12 significant digits, different in the 13th
+    assert f"{a:.12g}" == f"{b:.12g}" and a != b
+    assert not results_match([(b,)], [(a,)], ordered=False)[0]
+    assert results_match([(a,)], [(a,)], ordered=False)[0]
+    assert not results_match([(2**53 + 1,)], [(float(2**53),)], ordered=False)[0]  # exact int/float compare
+    assert not results_match([("1",)], [(1,)], ordered=False)[0]  # text is not a number
+    assert not results_match([(b"a",)], [("a",)], ordered=False)[0]  # blob is not text
+
+
+def test_floats_differing_in_the_13th_digit_do_not_match(db):
+    gold = "SELECT 1.234567890123"
+    assert score(_answer("SELECT 1.2345678901234"), _gt(db, gold)).scores["execution_match"] == 0.0
+    assert score(_answer("SELECT 1.234567890123"), _gt(db, gold)).scores["execution_match"] == 1.0
+    assert score(_answer("SELECT 0.1 + 0.2"), _gt(db, "SELECT 0.3")).scores["execution_match"] == 0.0
+
+
+def test_quick_rejection_follows_test_suite():
+    # test-suite first sorts each row's values by str(v) + str(type(v)); with 1.0 next to 10 the two
+    # sides sort differently, so it rejects a pair that a column permutation would match
+    assert not results_match([(1.0, 10)], [(1, 10)], ordered=False)[0]
+    assert results_match([(1.0, 5)], [(1, 5)], ordered=False)[0]
+
+
+def test_column_permutations_with_and_without_order():
+    gold = [(1, "x", 2.5), (2, "y", 3.5), (3, "y", 3.5)]
+    permuted = [(c, b, a) for a, b, c in gold]
+    assert results_match(permuted, gold, ordered=True)[0]
+    assert results_match(list(reversed(permuted)), gold, ordered=False)[0]
+    assert not results_match(list(reversed(permuted)), gold, ordered=True)[0]
+    # each predicted column holds a gold column's values, but no permutation gives the gold rows
+    assert not results_match([(1, "y", 2.5), (2, "x", 3.5), (3, "y", 3.5)], gold, ordered=False)[0]
+
+
+def test_duplicates_are_counted_in_both_directions():
+    assert not results_match([(1,), (1,), (2,)], [(1,), (2,), (2,)], ordered=False)[0]
+    assert not results_match([(1,), (2,)], [(1,), (1,), (2,)], ordered=False)[0]
+    assert results_match([(2,), (1,), (1,)], [(1,), (1,), (2,)], ordered=False)[0]
+
+
+@pytest.mark.parametrize(
+    "gold, pred, keep, default",
+    [
+        ("SELECT DISTINCT country FROM singer", "SELECT country FROM singer", 0.0, 1.0),  # DISTINCT in gold
+        ("SELECT country FROM singer", "SELECT DISTINCT country FROM singer", 0.0, 1.0),  # in the prediction
+        ("SELECT DISTINCT country FROM singer", "SELECT DISTINCT country FROM singer", 1.0, 1.0),
+        ("SELECT DISTINCT country FROM singer", "SELECT country FROM singer GROUP BY country", 1.0, 0.0),
+        # inside an aggregate too: count(DISTINCT country) becomes count( country) = 5
+        ("SELECT count(DISTINCT country) FROM singer", "SELECT count(*) FROM singer", 0.0, 1.0),
+        ("SELECT count(DISTINCT country) FROM singer", "SELECT 3", 1.0, 0.0),
+    ],
+)
+def test_sql_modes_keep_distinct_and_spider_default(db, gold, pred, keep, default):
+    by_default = score(_answer(pred), _gt(db, gold))
+    kept = score(_answer(pred), _gt(db, gold), {"sql_mode": "keep_distinct"})
+    removed = score(_answer(pred), _gt(db, gold), {"sql_mode": "spider_default"})
+    assert by_default.scores == kept.scores
+    assert (kept.scores["execution_match"], removed.scores["execution_match"]) == (keep, default)
+    assert kept.scores["executable"] == removed.scores["executable"] == 1.0  # executable: the block as written
+
+
+def test_unknown_sql_mode_is_a_data_error(db):
+    with pytest.raises(ValueError, match="sql_mode"):
+        score(_answer("SELECT 1"), _gt(db, "SELECT 1"), {"sql_mode": "distinct"})
+
+
+def test_remove_distinct_is_token_level():
+    assert remove_distinct("SELECT DISTINCT a FROM t") == "SELECT  a FROM t"
+    assert remove_distinct("select distinct(a), COUNT(Distinct b) from t") == "select (a), COUNT( b) from t"
+    kept = ("SELECT 'distinct', \"distinct\", `distinct`, [distinct], distinct_id, x.distinctive "
+            "/* distinct */ FROM t -- distinct")
+    assert remove_distinct(kept) == kept
+    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM u") == "SELECT  a FROM t;"
+    assert remove_distinct("SELECT 'a;b' FROM t") == "SELECT 'a;b' FROM t"
+
+
+def test_test_suite_query_fixes(db):
+    gold = "SELECT name FROM singer WHERE age >= 41"
+    res = score(_answer("SELECT name FROM singer WHERE age > = 41"), _gt(db, gold))
+    # SQLite rejects '> =' (not executable as written); test-suite runs it as '>=' and it matches
+    assert (res.scores["executable"], res.scores["execution_match"]) == (0.0, 1.0)
+    res = score(_answer("SELECT YEAR(CURDATE()) - 1979"), _gt(db, "SELECT 41"))
+    assert (res.scores["executable"], res.scores["execution_match"]) == (0.0, 1.0)
+    res = score(_answer("SELECT name FROM singer WHERE age ! = 41 AND nme = 1"), _gt(db, gold))
+    assert res.scores["execution_match"] == 0.0 and "prepared prediction fails" in res.info["match_detail"]
+
+
+def test_prepare_queries_applies_fixes_then_mode():
+    pred, gold = prepare_queries("SELECT DISTINCT a FROM t WHERE b > = 1", "SELECT DISTINCT a FROM t", "keep_distinct")
+    assert (pred, gold) == ("SELECT DISTINCT a FROM t WHERE b >= 1", "SELECT DISTINCT a FROM t")
+    pred, gold = prepare_queries("SELECT DISTINCT a FROM t WHERE b > = 1", "SELECT DISTINCT a FROM t", "spider_default")
+    assert (pred, gold) == ("SELECT  a FROM t WHERE b >= 1", "SELECT  a FROM t")
+    assert replace_cur_year("SELECT year(curdate ( ) ) - 1") == "SELECT 2020- 1"

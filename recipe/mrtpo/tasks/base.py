@@ -26,7 +26,7 @@ the row's ``data_source``. A new task is one function and one line::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -80,17 +80,33 @@ class RewardResult:
             self.scores[k] = v
 
 
-def to_plain(obj: Any) -> Any:
+def to_plain(obj: Any, *, nan_to_none: bool = False, integral_floats_to_int: bool = False) -> Any:
     """Numpy arrays / scalars (parquet rows as pandas hands them) -> plain Python, recursively: verifiers
-    get lists, dicts and Python scalars."""
-    import numpy as np
+    get lists, dicts with ``str`` keys and Python scalars; tuples become lists.
 
-    if isinstance(obj, dict):
-        return {k: to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
+    The project's one converter of parquet values (the reward manager, the evaluation's data loading,
+    instruction-following kwargs). Options, for what parquet's round trip does to missing values:
+
+    - ``nan_to_none``: NaN -> None (pandas writes a missing value of a numeric column as NaN);
+    - ``integral_floats_to_int``: ``3.0`` -> ``3`` (an integer kwarg in a column that also holds
+      floats or NaN comes back as float; IFEval's checkers need the int).
+
+    ``tool_json.to_plain`` is a separate function on purpose: it validates model-written JSON (depth
+    bound, non-finite numbers and unknown types rejected, ``null`` entries optionally dropped) rather
+    than converting trusted data.
+    """
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        obj = obj.tolist()  # numpy array or numpy scalar
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v, nan_to_none=nan_to_none, integral_floats_to_int=integral_floats_to_int)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v, nan_to_none=nan_to_none, integral_floats_to_int=integral_floats_to_int) for v in obj]
+    if isinstance(obj, float):
+        if nan_to_none and math.isnan(obj):
+            return None
+        if integral_floats_to_int and obj.is_integer():
+            return int(obj)
     return obj
 
 

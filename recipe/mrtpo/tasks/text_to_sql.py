@@ -13,30 +13,38 @@ Rewards (each 0.0 or 1.0):
   ``extra_info["format_instruction"]``), placed in the prompt.
 - ``executable``: the block's SQL runs without error in the read-only sandbox (:mod:`sql_sandbox`).
   Z_k: ``"executed"`` or ``"error: <message>"`` (at most 300 characters), appended.
-- ``execution_match``: the result equals the gold query's result (Spider semantics, below).
+- ``execution_match``: the result equals the gold query's result (test-suite-sql-eval's semantics, below).
   Z_k: the gold SQL, appended.
 
 Each reward judges one thing: ``executable`` and ``execution_match`` run the last ```sql block whatever
 ``format`` says. With no block at all there is nothing to run, so all three are 0. A block that fails
 ``format`` because it is not a SELECT or holds several statements is also not executable (the sandbox
 runs only one SELECT/WITH/VALUES statement); a block that SQLite runs but sqlglot cannot parse keeps
-its ``executable`` and ``execution_match`` scores.
+its ``executable`` and ``execution_match`` scores. ``execution_match`` follows test-suite even where
+``executable`` is 0: a block test-suite's fixes make runnable (``a > = 1``) can match, and in
+``spider_default`` only the first statement runs.
 
-Execution match (Spider's test-suite semantics):
+Execution match: test-suite-sql-eval's ``eval_exec_match`` (:mod:`sql_compare`), in one of two modes,
+``extra_info["sql_mode"]`` per row (a data bug, ``ValueError``, if it is neither):
 
-- results are bags of rows (duplicates count); two empty results match;
-- column order is free: the rows match if some permutation of the predicted columns gives the gold
-  rows. Candidate columns are first paired by their multiset of values and the search prunes on
-  partial projections, with a work bound (``MAX_PERMUTATION_CHECKS``; exceeding it counts as a
-  mismatch and is reported in ``info``);
-- row order matters only when the gold query has a top-level ORDER BY (found with sqlglot);
-- values are normalised: ``1`` and ``1.0`` are equal, floats compare at 12 significant digits, NULL
-  equals NULL, text and numbers never equal each other (``'1'`` != ``1``), text is compared exactly;
-- a result cut at the sandbox's row/size cap: if only the prediction was cut it has more rows than
-  the gold, so no match; if the gold was cut, the match cannot be decided and scores 0 (``info``).
+- ``keep_distinct`` (the default; test-suite's ``--keep_distinct``): both queries run as written;
+- ``spider_default`` (test-suite's default): DISTINCT removed from both queries before they run.
 
-``extra_info`` may set ``sql_timeout_s`` (float) and ``sql_max_rows`` (int) to override the sandbox
-limits (defaults 2.0 s and 10,000 rows). A malformed ``ground_truth`` is a data bug and raises
+In both, test-suite's query fixes apply (``> =`` -> ``>=``, ``YEAR(CURDATE())`` -> ``2020``); row order
+matters when ``'order by'`` occurs anywhere in the (prepared) gold text; results are bags of rows up to
+a permutation of the columns; values compare exactly as Python compares them (``1 == 1.0``, no float
+tolerance). When the query test-suite would run differs from the block's text (a fix or a DISTINCT
+removal applied), it is executed separately for ``execution_match``; ``executable`` always judges the
+block as written. A result cut at the sandbox's row/size cap: if only the prediction was cut it has
+more rows than the gold, so no match; if the gold was cut, the match cannot be decided and scores 0
+(``info``).
+
+Time limit: each query stops after ``extra_info["sql_timeout_s"]`` (default 2.0 s, at most 60 s) and
+then counts as an error. test-suite allows 60 s per query, through ``asyncio.wait_for`` around a
+synchronous ``sqlite3`` call, which cannot interrupt a running query: there a slow query finishes.
+
+``extra_info`` may set ``sql_mode`` (above), ``sql_timeout_s`` (float) and ``sql_max_rows`` (int) to
+override the sandbox limits (defaults 2.0 s and 10,000 rows). A malformed ``ground_truth`` is a data bug and raises
 ``ValueError``; no response text, however hostile, makes ``score`` raise.
 
 ``RewardResult.info`` holds diagnostics only: ``format_error``, ``exec_error``, ``match_detail``, and
@@ -47,18 +55,23 @@ verifier hits an internal error (every reward 0).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any, Optional
 
 import sqlglot
 from sqlglot import exp
 
 from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
+from recipe.mrtpo.tasks.sql_compare import (
+    DEFAULT_SQL_MODE,
+    SQL_MODES,
+    order_matters,
+    prepare_queries,
+    replace_cur_year,
+    results_match,
+)
 from recipe.mrtpo.tasks.sql_sandbox import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TIMEOUT_S,
@@ -73,6 +86,7 @@ __all__ = [
     "MAX_SQL_CHARS",
     "extract_sql_block",
     "check_format",
+    "SQL_MODES",
     "gold_is_ordered",
     "results_match",
     "score",
@@ -85,7 +99,6 @@ SQL_FORMAT_INSTRUCTION = (
 REWARD_KEYS = ("format", "executable", "execution_match")
 MAX_SQL_CHARS = 20_000  # Spider/BIRD gold queries stay far below; bounds sqlglot's parsing time
 MAX_CONTEXT_CHARS = 300  # length bound of the ``executable`` context text
-MAX_PERMUTATION_CHECKS = 2_000
 
 _FENCE = re.compile(r"`{3,}")
 _SQL_TAG = re.compile(r"[ \t]*(?:sqlite3?|sql)(?=\s|$)", re.IGNORECASE)
@@ -136,125 +149,10 @@ def check_format(sql: str) -> Optional[str]:
 # Execution match
 
 
-@functools.lru_cache(maxsize=4096)
-def gold_is_ordered(gold_sql: str) -> bool:
-    """Whether the gold query has a top-level ORDER BY (its row order is then part of the answer)."""
-    try:
-        statements = [s for s in sqlglot.parse(gold_sql, read="sqlite") if s is not None]
-    except Exception:
-        statements = []
-    if len(statements) == 1:
-        return statements[0].args.get("order") is not None
-    return _top_level_order_by(gold_sql)
-
-
-def _top_level_order_by(sql: str) -> bool:
-    """Fallback when sqlglot cannot parse the gold: an ORDER BY outside parentheses and quotes."""
-    depth, i, n = 0, 0, len(sql)
-    lowered = sql.lower()
-    while i < n:
-        ch = sql[i]
-        if ch in "'\"`":
-            end = sql.find(ch, i + 1)
-            i = n if end < 0 else end + 1
-            continue
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth = max(0, depth - 1)
-        elif depth == 0 and re.match(r"order\s+by\b", lowered[i:i + 64]) and (i == 0 or not sql[i - 1].isalnum()):
-            return True
-        i += 1
-    return False
-
-
-def _canon(value: Any) -> tuple:
-    """Comparable, hashable form of one SQLite value (see the module docstring)."""
-    if value is None:
-        return (0, 0)
-    if isinstance(value, (bool, int)):
-        return (1, int(value))
-    if isinstance(value, float):
-        if math.isnan(value):
-            return (0, 0)  # SQLite itself stores NaN as NULL
-        if value.is_integer() and abs(value) <= 2**53:
-            return (1, int(value))
-        return (1, float(f"{value:.12g}"))
-    if isinstance(value, str):
-        return (2, value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return (3, bytes(value))
-    return (4, repr(value))
-
-
-def results_match(pred: Sequence[tuple], gold: Sequence[tuple], ordered: bool) -> tuple[bool, str]:
-    """Spider-style equality of two row lists; returns (match, short reason)."""
-    if not pred and not gold:
-        return True, "both empty"
-    if len(pred) != len(gold):
-        return False, f"row count {len(pred)} != {len(gold)}"
-    width = len(gold[0])
-    if any(len(r) != width for r in gold) or any(len(r) != width for r in pred):
-        return False, "column count differs"
-    p_rows = [tuple(_canon(v) for v in r) for r in pred]
-    g_rows = [tuple(_canon(v) for v in r) for r in gold]
-    p_cols, g_cols = list(zip(*p_rows)), list(zip(*g_rows))
-    search = _PermutationSearch(p_cols, g_cols, ordered)
-    if search.run():
-        return True, "match"
-    return False, "column permutation search budget exceeded" if search.exhausted else "rows differ"
-
-
-class _PermutationSearch:
-    """Backtracking over gold-column -> predicted-column assignments.
-
-    A predicted column is a candidate for a gold column only if both hold the same multiset of
-    values; identical predicted columns are tried once; each partial assignment must already agree
-    on the projected rows (as bags, or as lists when order matters). At most MAX_PERMUTATION_CHECKS
-    projections are compared.
-    """
-
-    def __init__(self, p_cols: list[tuple], g_cols: list[tuple], ordered: bool):
-        self.p_cols, self.g_cols, self.ordered = p_cols, g_cols, ordered
-        signature = lambda col: tuple(sorted(Counter(col).items()))  # noqa: E731
-        p_sig = [signature(c) for c in p_cols]
-        self.candidates = [[j for j, s in enumerate(p_sig) if s == signature(g)] for g in g_cols]
-        self.checks = 0
-        self.exhausted = False
-
-    def run(self) -> bool:
-        if any(not c for c in self.candidates):
-            return False
-        return self._extend([], set())
-
-    def _agrees(self, chosen: list[int]) -> bool:
-        self.checks += 1
-        if self.checks > MAX_PERMUTATION_CHECKS:
-            self.exhausted = True
-            return False
-        n = len(chosen)
-        pred = list(zip(*(self.p_cols[j] for j in chosen)))
-        gold = list(zip(*self.g_cols[:n]))
-        return pred == gold if self.ordered else Counter(pred) == Counter(gold)
-
-    def _extend(self, chosen: list[int], used: set[int]) -> bool:
-        i = len(chosen)
-        if i == len(self.g_cols):
-            return True
-        tried: set[tuple] = set()
-        for j in self.candidates[i]:
-            if j in used or self.p_cols[j] in tried:
-                continue
-            tried.add(self.p_cols[j])
-            chosen.append(j)
-            used.add(j)
-            if self._agrees(chosen) and self._extend(chosen, used):
-                return True
-            chosen.pop()
-            used.discard(j)
-            if self.exhausted:
-                return False
-        return False
+def gold_is_ordered(gold_sql: str, sql_mode: str = DEFAULT_SQL_MODE) -> bool:
+    """Whether the gold's row order is part of the answer: test-suite's ``'order by' in gold.lower()``,
+    on the gold as test-suite prepares it in ``sql_mode``."""
+    return order_matters(prepare_queries("", gold_sql, sql_mode)[1])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -283,6 +181,15 @@ def _parse_ground_truth(ground_truth: Any) -> tuple[str, str]:
     return db_path, gold_sql
 
 
+def _sql_mode(extra: dict) -> str:
+    mode = extra.get("sql_mode")
+    if mode is None:
+        return DEFAULT_SQL_MODE
+    if mode not in SQL_MODES:
+        raise ValueError(f"text_to_sql: extra_info['sql_mode'] must be one of {SQL_MODES}, got {mode!r}")
+    return mode
+
+
 def _limits(extra: dict) -> dict:
     limits = {"timeout_s": DEFAULT_TIMEOUT_S, "max_rows": DEFAULT_MAX_ROWS}
     try:
@@ -297,10 +204,21 @@ def _limits(extra: dict) -> dict:
     return limits
 
 
-def _execution_match(pred: SqlResult, db_path: str, gold_sql: str, limits: dict, info: dict) -> float:
-    gold = execute_gold(db_path, gold_sql, **limits)
+def _execution_match(pred: SqlResult, sql: str, db_path: str, gold_sql: str, mode: str, limits: dict,
+                     info: dict) -> float:
+    """test-suite's verdict (module docstring); ``pred`` is the block's own result."""
+    pred_sql, gold_sql = prepare_queries(sql, gold_sql, mode)
+    pred_sql, gold_run = replace_cur_year(pred_sql), replace_cur_year(gold_sql)
+    gold = execute_gold(db_path, gold_run, **limits)
     if not gold.ok:
         info["errors"] = {"execution_match": _one_line(f"gold SQL failed: {gold.error}", 300)}
+        return 0.0
+    if pred_sql != sql:  # a query fix or the DISTINCT removal changed the text: run what test-suite runs
+        pred = execute_sql(db_path, pred_sql, **limits)
+        if not pred.ok:
+            info["match_detail"] = _one_line(f"prepared prediction fails: {pred.error}", 300)
+            return 0.0
+    elif not pred.ok:
         return 0.0
     if gold.truncated:
         info["match_detail"] = "gold result exceeds the sandbox cap; match undecidable"
@@ -308,12 +226,13 @@ def _execution_match(pred: SqlResult, db_path: str, gold_sql: str, limits: dict,
     if pred.truncated:
         info["match_detail"] = "prediction exceeds the sandbox cap (more rows than gold)"
         return 0.0
-    matched, why = results_match(pred.rows, gold.rows, gold_is_ordered(gold_sql))
+    matched, why = results_match(pred.rows, gold.rows, order_matters(gold_sql))
     info["match_detail"] = why
     return 1.0 if matched else 0.0
 
 
-def _score_response(text: str, db_path: str, gold_sql: str, limits: dict, info: dict) -> tuple[dict, str]:
+def _score_response(text: str, db_path: str, gold_sql: str, mode: str, limits: dict,
+                    info: dict) -> tuple[dict, Optional[str]]:
     sql = extract_sql_block(text)
     if sql is None:
         info["format_error"] = "no SQL block"
@@ -323,24 +242,25 @@ def _score_response(text: str, db_path: str, gold_sql: str, limits: dict, info: 
         info["format_error"] = format_error
     pred = execute_sql(db_path, sql, **limits)
     scores = {"format": 0.0 if format_error else 1.0, "executable": 0.0, "execution_match": 0.0}
-    if not pred.ok:
+    if pred.ok:
+        scores["executable"] = 1.0
+    else:
         info["exec_error"] = pred.error
-        return scores, pred.error
-    scores["executable"] = 1.0
-    scores["execution_match"] = _execution_match(pred, db_path, gold_sql, limits, info)
-    return scores, None
+    scores["execution_match"] = _execution_match(pred, sql, db_path, gold_sql, mode, limits, info)
+    return scores, pred.error
 
 
 def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) -> RewardResult:
     """Score one response on ``format``, ``executable`` and ``execution_match`` (module docstring)."""
     db_path, gold_sql = _parse_ground_truth(ground_truth)
     extra = extra_info if isinstance(extra_info, dict) else {}
+    mode = _sql_mode(extra)
     instruction = extra.get("format_instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         instruction = SQL_FORMAT_INSTRUCTION
     info: dict = {}
     try:
-        scores, exec_error = _score_response(as_text(response), db_path, gold_sql, _limits(extra), info)
+        scores, exec_error = _score_response(as_text(response), db_path, gold_sql, mode, _limits(extra), info)
     except Exception as e:  # last line of defence: a verifier bug must not kill a training step
         message = _one_line(f"internal error: {type(e).__name__}: {e}", 300)
         info["errors"] = dict.fromkeys(REWARD_KEYS, message)

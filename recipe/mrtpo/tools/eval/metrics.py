@@ -13,9 +13,10 @@ official semantics. Tasks fall into three families (:data:`TASK_FAMILY`):
     instruction id. Loose is never below strict (the response itself is the first loose variant).
 
 ``sql`` (Spider, BIRD, Chinook)
-    Per response: :func:`text_to_sql.score`'s ``format``, ``executable`` and ``execution_match``.
-    Metrics: ``execution_accuracy`` (mean ``execution_match``, Spider/BIRD's EX with the verifier's
-    test-suite comparison), ``format_rate``, ``executable_rate``; ``by_difficulty`` (BIRD's
+    Per response: :func:`text_to_sql.score`'s ``format``, ``executable`` and ``execution_match``
+    (test-suite-sql-eval's ``eval_exec_match``, in the ``--sql-mode`` chosen: ``keep_distinct`` or
+    ``spider_default``). Metrics: ``execution_accuracy`` (mean ``execution_match``, Spider/BIRD's EX),
+    ``format_rate``, ``executable_rate``; ``by_difficulty`` (BIRD's
     simple/moderate/challenging) and ``by_category`` where the rows carry them.
 
 ``tool`` (BFCL)
@@ -97,11 +98,12 @@ def _plain_info(info: Any) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
-def _score_if(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+def _score_if(response: str, ground_truth: Any, extra_info: Optional[dict], strip_reasoning: bool = False,
+              **_) -> tuple[dict, dict]:
     from recipe.mrtpo.tasks import instruction_following as IF
 
-    strict = IF.evaluate(response, ground_truth, extra_info, mode="strict")
-    loose = IF.evaluate(response, ground_truth, extra_info, mode="loose")
+    strict = IF.evaluate(response, ground_truth, extra_info, mode="strict", strip_reasoning=strip_reasoning)
+    loose = IF.evaluate(response, ground_truth, extra_info, mode="loose", strip_reasoning=strip_reasoning)
     scores = {
         "prompt_strict": float(all(v == 1.0 for v in strict.scores.values())),
         "prompt_loose": float(all(v == 1.0 for v in loose.scores.values())),
@@ -112,14 +114,18 @@ def _score_if(response: str, ground_truth: Any, extra_info: Optional[dict]) -> t
     return scores, _plain_info({"errors": errors})
 
 
-def _score_sql(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+def _score_sql(response: str, ground_truth: Any, extra_info: Optional[dict], sql_mode: Optional[str] = None,
+               sql_timeout_s: Optional[float] = None, **_) -> tuple[dict, dict]:
     from recipe.mrtpo.tasks import text_to_sql as SQL
 
+    override = {k: v for k, v in (("sql_mode", sql_mode), ("sql_timeout_s", sql_timeout_s)) if v is not None}
+    if override:  # the evaluation's --sql-mode / --sql-timeout-s override the row's settings
+        extra_info = {**(extra_info if isinstance(extra_info, dict) else {}), **override}
     result = SQL.score(response, ground_truth, extra_info)
     return dict(result.scores), _plain_info(result.info)
 
 
-def _score_tool(response: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[dict, dict]:
+def _score_tool(response: str, ground_truth: Any, extra_info: Optional[dict], **_) -> tuple[dict, dict]:
     from recipe.mrtpo.tasks import tool_calling as TOOL
 
     result = TOOL.score(response, ground_truth, extra_info)
@@ -155,14 +161,22 @@ def _bfcl_official(response: str, ground_truth: Any) -> Optional[tuple[bool, str
 _SCORERS = {"if": _score_if, "sql": _score_sql, "tool": _score_tool}
 
 
-def score_response(family: str, response: str, ground_truth: Any, extra_info: Optional[dict] = None) -> tuple[dict, dict]:
+def score_response(family: str, response: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
+                   strip_reasoning: bool = False, sql_mode: Optional[str] = None,
+                   sql_timeout_s: Optional[float] = None) -> tuple[dict, dict]:
     """``(scores, info)`` of one response (module docstring). ``info`` holds the verifier's diagnostics.
+
+    ``strip_reasoning`` (family ``if``): check the answer after the reasoning block (off: the response
+    as generated, the official semantics). ``sql_mode`` (family ``sql``): ``keep_distinct`` or
+    ``spider_default``, overriding the row's ``extra_info["sql_mode"]`` (None: the row's setting);
+    ``sql_timeout_s`` likewise overrides ``extra_info["sql_timeout_s"]``.
 
     Never raises for any response; a malformed ground truth raises ValueError (a data bug).
     """
     if family not in _SCORERS:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(_SCORERS)}")
-    return _SCORERS[family](response, ground_truth, extra_info)
+    return _SCORERS[family](response, ground_truth, extra_info, strip_reasoning=strip_reasoning, sql_mode=sql_mode,
+                            sql_timeout_s=sql_timeout_s)
 
 
 def validate_ground_truth(family: str, ground_truth: Any, extra_info: Optional[dict] = None) -> None:
