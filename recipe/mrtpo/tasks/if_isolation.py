@@ -5,11 +5,15 @@ Several checkers are quadratic on degenerate text (``detectable_content:number_p
 whitespace runs; the NLTK-based ones take ~1 s per 16k characters of ``". . . ."``): at 16k
 characters the worst single check takes a few seconds, at 1 MB hours. Python cannot interrupt a
 regular expression or a C loop from another thread, so responses longer than
-:data:`IN_PROCESS_MAX_CHARS` are checked in a worker process (``multiprocessing`` spawn context, the
-checkers imported once) that the caller kills when one check exceeds its time limit; the check then
-fails with a ``CheckTimeout`` error (counted by the reward manager and the evaluation, never a hang),
-and the next long response starts a fresh worker. Every other check gets the checker's own verdict,
-whatever the length. One worker serves the process; a lock serialises its use (long responses are rare).
+:data:`IN_PROCESS_MAX_CHARS` are checked in a worker process that the caller kills when one check
+exceeds its time limit; the check then fails with a ``CheckTimeout`` error (counted by the reward
+manager and the evaluation, never a hang), and the next check starts a fresh worker. Every other check
+gets the checker's own verdict, whatever the length. One worker serves the process and stays alive
+across checks until a timeout kills it; a lock serialises its use (long responses are rare).
+
+Workers come from ``multiprocessing``'s forkserver context with the checkers preloaded in the server,
+so replacing a killed worker is a fork (milliseconds) rather than a fresh interpreter importing the
+checkers (seconds); where forkserver is unavailable, the spawn context is used.
 
 Limits: ``$MRTPO_IF_CHECK_TIMEOUT_S`` (default :data:`DEFAULT_CHECK_TIMEOUT_S`) per check of one
 variant; ``$MRTPO_IF_INPROCESS_MAX_CHARS`` (default :data:`IN_PROCESS_MAX_CHARS`).
@@ -70,9 +74,27 @@ def _serve(conn) -> None:  # pragma: no cover - runs in the worker process
             conn.send(("error", R._error(exc)))
 
 
+_PRELOAD = ["recipe.mrtpo.tasks.if_registry"]
+
+
+def _context():
+    """forkserver (the checkers imported once in the server) where available, else spawn."""
+    try:
+        ctx = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is None:  # not started yet: add ours to its preload list
+        current = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        ctx.set_forkserver_preload(current + [m for m in _PRELOAD if m not in current])
+    return ctx
+
+
 class _Worker:
     def __init__(self):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
         self.proc.start()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import threading
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import nltk
+
+from recipe.mrtpo.tasks.base import to_plain
 
 _REPO = Path(__file__).resolve().parents[3]
 NLTK_DATA_ENV = "MRTPO_NLTK_DATA"
@@ -139,19 +140,8 @@ _SEED_SALT = "mrtpo-if"
 
 
 def _to_python(value: Any) -> Any:
-    """Numpy arrays/scalars -> lists/Python scalars, NaN -> None, integral floats -> int (recursive)."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()  # numpy array or numpy scalar
-    if isinstance(value, Mapping):
-        return {str(k): _to_python(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_python(v) for v in value]
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if value.is_integer():
-            return int(value)
-    return value
+    """:func:`recipe.mrtpo.tasks.base.to_plain` with NaN -> None and integral floats -> int (IFEval kwargs)."""
+    return to_plain(value, nan_to_none=True, integral_floats_to_int=True)
 
 
 def clean_kwargs(kwargs: Any) -> dict:

@@ -118,6 +118,11 @@ def to_plain(x: Any, depth: int = 0, drop_none: bool = False) -> Any:
     """numpy arrays/scalars and tuples -> plain Python lists/scalars; dict keys -> str.
 
     ``drop_none`` removes null-valued dict entries at every level (the "null = absent" rule).
+
+    Not :func:`recipe.mrtpo.tasks.base.to_plain`, on purpose: this one *validates* tool-call JSON (model
+    output and references alike): nesting deeper than ``4 * MAX_JSON_DEPTH``, non-finite numbers and
+    types JSON cannot hold raise ValueError, where ``base.to_plain`` converts trusted parquet values
+    and passes anything else through.
     """
     if depth > 4 * MAX_JSON_DEPTH:
         raise ValueError("value nested too deep")
