@@ -1,0 +1,33 @@
+"""The format-speed miniature: how fast a format reward is learned beside a content reward, under GRPO,
+GDPO, MRTPO and MRTPO+shuffle, through verl's real loop on CPU.
+
+    python -m experiments.format_speed [--out outputs/format_speed] [--seeds 0 1 2 3 4 5] [--steps 12]
+        [--methods grpo gdpo mrtpo shuffle] [--docs docs/format_speed] [--prepare-only | --analyse-only]
+
+(``bash run_scripts/format_speed_experiment.sh`` runs the setup first, then this.) Once, it
+
+1. builds the data (``data_prep.format_speed``): one-tool prompts scored by the real tool-calling
+   verifier (``data_source = "tool_calling"``: ``format`` with the format instruction of the prompt as
+   Z_k, ``correctness`` with the reference call appended as Z_k), e.g. "Reply with the call as JSON inside
+   <tool_call></tool_call> tags. Tool: set_timer(minutes: integer). Set a timer for 27 minutes.";
+2. warm-starts a tiny Qwen2 (real tokenizer, hidden 128, 2 layers) by SFT in plain PyTorch
+   (:mod:`.warm_start`) on demonstrations whose frame is broken with probability 0.7 and whose argument
+   is right with probability 0.5, independently; cached (``OUT/warm_start``). Every run starts from these
+   weights and sees the same prompts in the same order: a seed (``actor_rollout_ref.rollout.seed``,
+   ``mrtpo.seed``) varies the RL sampling only (one warm start per seed did not fit the time on a
+   shared 2-core machine);
+3. per seed, runs every method with ``python -m recipe.mrtpo.main_mrtpo`` (:mod:`.runs`; 4 prompts x 4 responses a
+   step, relevance dumps of every step for the replay methods), each run holding the machine-wide lock.
+
+Then (:mod:`.results`) per method, mean and spread over seeds: the steps until the format reward's
+running mean first reaches ``--threshold``, the format rate after ``--after`` steps, the format and
+correctness curves, and from the replay runs' dumps the share of q_format on the tag tokens and the
+mechanism's diagnostic (:mod:`.diagnostic`): on tag tokens, how often GDPO's and MRTPO's summed advantage
+has the sign of the format advantage (:mod:`.tokens` says which tokens are tag tokens). Writes
+``OUT/results.md``, ``OUT/results.json``, ``OUT/curves.png``, ``OUT/diagnostic.png`` (and copies them to
+``--docs``). Finished runs are kept: an interrupted experiment resumes; ``--analyse-only`` only rebuilds
+the outputs.
+
+Modules: :mod:`.common`, :mod:`.warm_start`, :mod:`.runs`, :mod:`.tokens`, :mod:`.diagnostic`,
+:mod:`.results`, :mod:`.cli` (``main``).
+"""

@@ -1,0 +1,5 @@
+import sys
+
+from experiments.format_speed.cli import main
+
+sys.exit(main())

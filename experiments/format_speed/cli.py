@@ -1,0 +1,95 @@
+"""Command line of the format-speed experiment (``python -m experiments.format_speed --help``); the package
+docstring says what it runs and measures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import experiments.format_speed as package
+from experiments.format_speed.common import LOG_PREFIX, METHODS, REPO, ExperimentError
+from experiments.format_speed.results import analyse
+from experiments.format_speed.runs import prepare_seed, run_method
+
+DEFAULT_SFT = {"gold": 400, "demo": 200, "full": 40}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.format_speed", description=package.__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "format_speed")
+    ap.add_argument("--docs", type=Path, default=None, help="also copy results.md and the plots here")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    ap.add_argument("--steps", type=int, default=12, help="RL steps per run (default 12)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--threshold", type=float, default=0.8, help="format level for steps-to-threshold (default 0.8)")
+    ap.add_argument("--window", type=int, default=3, help="batches in the running mean (default 3)")
+    ap.add_argument("--after", type=int, default=10, help="report the format rate after this many updates (default 10)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--beta", type=float, default=0.5)
+    ap.add_argument("--warmup", type=int, default=1, help="mrtpo.warmup_steps (default 1: step 1 is GDPO)")
+    ap.add_argument("--p-format", type=float, default=0.3, help="chance that a demonstration's frame is right")
+    ap.add_argument("--p-arg", type=float, default=0.5, help="chance that a demonstration's argument is right")
+    ap.add_argument("--n-sft", type=int, default=4000)
+    ap.add_argument("--sft-gold-steps", type=int, default=DEFAULT_SFT["gold"], help="SFT phase 1 (gold calls)")
+    ap.add_argument("--sft-demo-steps", type=int, default=DEFAULT_SFT["demo"], help="SFT phase 2 (demonstrations)")
+    ap.add_argument("--sft-full-steps", type=int, default=DEFAULT_SFT["full"], help="SFT phase 3 (full softmax)")
+    ap.add_argument("--warm-start-seed", type=int, default=0,
+                    help="seed of the data and of the one warm start that every run starts from (default 0)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the warm start (default 1: the machine is shared)")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1200, help="hard limit per training run, seconds")
+    ap.add_argument("--no-lock", action="store_true", help="do not take the machine-wide lock around each run")
+    ap.add_argument("--prepare-only", action="store_true", help="only build the data and the SFT models (no verl run)")
+    ap.add_argument("--analyse-only", action="store_true", help="only rebuild results.md and the plots")
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    try:
+        if not args.analyse_only:
+            import torch
+
+            torch.set_num_threads(max(1, min(args.threads, os.cpu_count() or 1)))
+            model_name = f"tiny-qwen2-h{args.hidden}-l{args.layers}"
+            if not args.prepare_only:
+                from recipe.mrtpo.cpu.quickstart import QuickstartError, preflight
+
+                try:
+                    preflight(out)
+                except QuickstartError as e:
+                    if "memory" not in str(e):
+                        raise ExperimentError(str(e)) from None
+                    # other jobs may hold memory now; each run waits for the machine-wide lock anyway
+                    log(f"{LOG_PREFIX} warning: {e}")
+            wdir = out / "warm_start"
+            prepare_seed(wdir, args.warm_start_seed, args, log)
+            for seed in [] if args.prepare_only else args.seeds:  # seed-major: an interrupted experiment has whole seeds
+                for method in args.methods:
+                    run_method(method, seed, wdir / "sft_model", wdir / "data" / "train.parquet", out / "runs",
+                               args.steps, args.lr, args.beta, args.warmup, args.timeout, model_name, log=log,
+                               lock=not args.no_lock)
+        if args.prepare_only:
+            log(f"{LOG_PREFIX} prepared the data and the warm start under {out / 'warm_start'}")
+            return 0
+        results = analyse(out, args.methods, args.seeds, args.threshold, args.window, args.after, args.steps,
+                          args.beta, docs=args.docs, log=log)
+        print()
+        print((out / "results.md").read_text())
+        failed = [k for k, e in results["runs"].items() if not e["ok"]]
+        log(f"{LOG_PREFIX} done in {time.monotonic() - t0:.0f} s: {out / 'results.md'}")
+        if failed:
+            print(f"{LOG_PREFIX} ERROR: failed runs, left out of the table (re-run to retry them): {failed}", file=sys.stderr)
+            return 1
+        return 0
+    except ExperimentError as e:
+        print(f"{LOG_PREFIX} ERROR: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,295 @@
+"""The outputs of the format-speed experiment: per run the format and correctness curves from verl's console
+log (:func:`run_curves`) and, for the replay methods, the diagnostic of their relevance dumps
+(:mod:`.diagnostic`); the table over methods and seeds (:func:`build_table`, :func:`render_results`);
+the plots (:func:`plot_curves`, :func:`plot_diagnostic`); :func:`analyse` does all of it for a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Optional
+
+from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, ExperimentError
+from experiments.format_speed.diagnostic import dump_records, summarise
+from recipe.mrtpo.tools.report.series import first_reach, mean_spread, reward_series
+from recipe.mrtpo.tools.verl_log import parse_console_log
+
+
+def run_curves(log_text: str, threshold: float, window: int, after_steps: int) -> dict:
+    """Per reward: the batch-mean series, its running mean over ``window`` steps, the first step at which
+    that running mean reaches ``threshold``, the value at step ``after_steps + 1`` (the first batch
+    sampled after ``after_steps`` updates; None if not logged), and the means of the first and the last
+    ``window`` steps."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    steps, _ = parse_console_log(log_text)
+    out = {}
+    for name, s in sorted(reward_series(steps).items()):
+        keys = sorted(s)
+        running = {k: sum(s[j] for j in keys[i + 1 - window: i + 1]) / window for i, k in enumerate(keys) if i + 1 >= window}
+        out[name] = {"series": {int(k): float(v) for k, v in s.items()}, "running": running,
+                     "first_reach": first_reach(running, threshold), "after": s.get(after_steps + 1),
+                     "start": sum(s[k] for k in keys[:window]) / min(window, len(keys)) if keys else None,
+                     "final": sum(s[k] for k in keys[-window:]) / min(window, len(keys)) if keys else None}
+    return out
+
+
+def load_run(run_dir: Path, method: str, threshold: float, window: int, after_steps: int, beta: float,
+             log: Callable[[str], None] = print) -> Optional[dict]:
+    """One run's entry (``None`` when it has no ``result.json``): ok, wall time, curves and, for the replay
+    methods, the per-step diagnostic records of its relevance dumps."""
+    res_path = run_dir / "result.json"
+    if not res_path.is_file():
+        return None
+    res = json.loads(res_path.read_text())
+    entry = {"ok": bool(res.get("ok")), "wall_s": res.get("wall_s"), "curves": {}, "diagnostic": None}
+    log_path = run_dir / Path(res.get("log") or "main_mrtpo.log").name
+    if log_path.is_file():
+        entry["curves"] = run_curves(log_path.read_text(errors="replace"), threshold, window, after_steps)
+    if method in REPLAY_METHODS and (run_dir / "relevance_dumps").is_dir():
+        from experiments.mini_credit.localisation import load_dumps
+
+        dumps, entry["dumps_unreadable"] = load_dumps(run_dir / "relevance_dumps", log)
+        records = [r for d in dumps for r in dump_records(d, beta)]
+        entry["diagnostic"] = summarise(records)
+    return entry
+
+
+def _ms(values) -> tuple:
+    return mean_spread([v for v in values if v is not None])
+
+
+def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], steps: int) -> dict:
+    """Per method, over its finished seeds: steps to the format threshold (mean over the seeds that
+    reached it, k/n, and per seed), format after the given steps, format and correctness at the start and
+    the end, the correctness gain, and (replay methods) the diagnostic's means over seeds."""
+    table = {}
+    for method in methods:
+        runs = {s: per_run[(method, s)] for s in seeds if (method, s) in per_run and per_run[(method, s)]["ok"]}
+        row: dict = {"seeds": sorted(runs), "n": len(runs)}
+        fmt = {s: r["curves"].get(FORMAT) for s, r in runs.items() if r["curves"].get(FORMAT)}
+        cor = {s: r["curves"].get(CORRECTNESS) for s, r in runs.items() if r["curves"].get(CORRECTNESS)}
+        reach = {s: c["first_reach"] for s, c in fmt.items()}
+        reached = [v for v in reach.values() if v is not None]
+        row["reach"] = {"mean": sum(reached) / len(reached) if reached else None, "k": len(reached), "n": len(reach),
+                        "per_seed": {str(s): v for s, v in reach.items()},
+                        # not reached counted as steps + 1: a lower bound of the mean over all seeds
+                        "censored_mean": (sum(v if v is not None else steps + 1 for v in reach.values()) / len(reach)
+                                          if reach else None)}
+        row["format_after"] = _ms(c["after"] for c in fmt.values())
+        row["format_start"] = _ms(c["start"] for c in fmt.values())
+        row["format_final"] = _ms(c["final"] for c in fmt.values())
+        row["correctness_start"] = _ms(c["start"] for c in cor.values())
+        row["correctness_final"] = _ms(c["final"] for c in cor.values())
+        row["correctness_gain"] = _ms(c["final"] - c["start"] for c in cor.values())
+        row["format_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in fmt.items()}
+        row["correctness_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in cor.items()}
+        diags = [r["diagnostic"] for r in runs.values() if r.get("diagnostic") and r["diagnostic"]["responses"]]
+        if diags:
+            d: dict = {key: _ms(x[key] for x in diags) for key in
+                       ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "q_format_on_tag", "q_format_on_arg",
+                        "q_correctness_on_arg", "q_correctness_on_tag", "tag_share", "arg_share")}
+            d["conflict"] = {key: _ms(x["conflict"][key] for x in diags)
+                             for key in ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed")}
+            for key in ("responses", "with_format_advantage", "conflicts"):
+                d[key] = sum(x[key] for x in diags)
+            row["diagnostic"] = d
+        else:
+            row["diagnostic"] = None
+        table[method] = row
+    return table
+
+
+def _fmt(ms: tuple, pct: bool = False, digits: int = 2) -> str:
+    mean, std = ms[0], ms[1] if len(ms) > 1 else None
+    if mean is None:
+        return "–"
+    f = (lambda v: f"{100 * v:.0f}%") if pct else (lambda v: f"{v:.{digits}f}")
+    return f(mean) if std is None else f"{f(mean)} ± {f(std)}"
+
+
+def _reach_cell(rc: dict) -> str:
+    if not rc["n"]:
+        return "–"
+    if rc["mean"] is None:
+        return f"not reached (0/{rc['n']})"
+    cell = f"{rc['mean']:.1f}"
+    return cell + (f" ({rc['k']}/{rc['n']}; ≥{rc['censored_mean']:.1f} over all)" if rc["k"] < rc["n"] else "")
+
+
+def render_results(table: dict, threshold: float, window: int, after_steps: int, steps: int, sft: dict,
+                   wall: dict) -> str:
+    lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)", ""]
+    if sft:
+        lines += ["The warm start every run starts from (held-out prompts, 4 samples each at T=1, scored by the "
+                  "tool-calling verifier); the seeds of the runs vary the RL sampling:", ""]
+        for seed, m in sorted(sft.items(), key=lambda kv: int(kv[0])):
+            a = m["after"]
+            lines.append(f"- warm-start seed {seed}: {m['train_s']:.0f} s of SFT; format {a['format']:.2f}, correctness "
+                         f"{a['correctness']:.2f}, argument right {a['exact']:.2f}")
+        lines.append("")
+    head = ["method", "seeds", f"steps to format ≥ {threshold:g}", f"format after {after_steps} steps", "format start → final",
+            "correctness start → final", "correctness gain"]
+    lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for method, row in table.items():
+        lines.append("| " + " | ".join([
+            method, str(row["n"]), _reach_cell(row["reach"]), _fmt(row["format_after"]),
+            f"{_fmt(row['format_start'])} → {_fmt(row['format_final'])}",
+            f"{_fmt(row['correctness_start'])} → {_fmt(row['correctness_final'])}", _fmt(row["correctness_gain"], digits=3),
+        ]) + " |")
+    lines += ["", "Steps to format per seed (running mean of the last "
+              f"{window} batches; – = not reached in {steps} steps):", "",
+              "| method | " + " | ".join(f"seed {s}" for s in sorted({int(s) for r in table.values() for s in r["reach"]["per_seed"]})) + " |"]
+    all_seeds = sorted({int(s) for r in table.values() for s in r["reach"]["per_seed"]})
+    lines.append("| --- |" + " ---: |" * len(all_seeds))
+    for method, row in table.items():
+        ps = row["reach"]["per_seed"]
+        lines.append(f"| {method} | " + " | ".join(
+            ("–" if ps.get(str(s)) is None else str(ps[str(s)])) if str(s) in ps else "" for s in all_seeds) + " |")
+    diag = [(m, r["diagnostic"]) for m, r in table.items() if r.get("diagnostic")]
+    if diag:
+        lines += ["", "Localisation of the replay (relevance dumps of every step, all 16 responses; mean ± std over seeds):", "",
+                  "| run | responses | q_format on tag tokens | tag tokens' share | q_format on the argument | "
+                  "q_correctness on the argument | argument's share | q_correctness on tag tokens |",
+                  "| --- |" + " ---: |" * 7]
+        for m, d in diag:
+            lines.append(f"| {m} | {d['responses']} | {_fmt(d['q_format_on_tag'], True)} | {_fmt(d['tag_share'], True)} | "
+                         f"{_fmt(d['q_format_on_arg'], True)} | {_fmt(d['q_correctness_on_arg'], True)} | "
+                         f"{_fmt(d['arg_share'], True)} | {_fmt(d['q_correctness_on_tag'], True)} |")
+        lines += ["", "The mechanism on the tag tokens (same batches, both weightings recomputed from the dumps' scores and q):", "",
+                  "| dumps of | responses with A_format ≠ 0 | of which conflicts | tag tokens with the sign of A_format: GDPO | MRTPO "
+                  "| same, conflicts only: GDPO | MRTPO | format credit kept on tags (signed / abs A_format): GDPO | MRTPO | same, conflicts: GDPO | MRTPO |",
+                  "| --- |" + " ---: |" * 10]
+        for m, d in diag:
+            c = d["conflict"]
+            lines.append(f"| {m} | {d['with_format_advantage']} | {d['conflicts']} | {_fmt(d['gdpo_agree'], True)} | "
+                         f"{_fmt(d['mrtpo_agree'], True)} | {_fmt(c['gdpo_agree'], True)} | {_fmt(c['mrtpo_agree'], True)} | "
+                         f"{_fmt(d['gdpo_signed'])} | {_fmt(d['mrtpo_signed'])} | {_fmt(c['gdpo_signed'])} | {_fmt(c['mrtpo_signed'])} |")
+    if wall:
+        total = sum(v for v in wall.values() if v)
+        lines += ["", f"Wall time of the verl runs: {total / 60:.0f} min in all ({len(wall)} runs, "
+                  f"{total / max(1, len(wall)):.0f} s each on average)."]
+    lines += [
+        "",
+        f"Steps to format ≥ {threshold:g}: the first step at which the mean of the last {window} batch format rates "
+        f"(16 responses each) reaches {threshold:g}; mean over the seeds that reached it (k/n when not all did; "
+        f"'≥ x over all' counts a seed that never reached it as {steps + 1}). Format after {after_steps} steps: the "
+        f"format rate of the batch of step {after_steps + 1}, the first one sampled after {after_steps} updates. "
+        f"Start / final: mean of the first / last {window} batches. Mean ± sample std over seeds. Tag tokens: every "
+        "response token with a character outside the call's JSON object, and the end token (`experiments/format_speed/tokens.py`). "
+        "Conflicts: responses whose format and correctness advantages have opposite signs. Sign agreement and "
+        "signed credit use the summed token advantage before the batch whitening; GDPO's is A_format + A_correctness "
+        "on every token, MRTPO's weights each A_k by its relevance weights (beta and rho of the run). The "
+        "shuffle run's dumps hold the unshuffled q: its MRTPO column says what MRTPO would have done with its batches.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(per_run: dict, methods: Sequence[str], seeds: Sequence[int], threshold: float, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.8), dpi=110, layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, reward in zip(axes, (FORMAT, CORRECTNESS)):
+        for method in methods:
+            series = [per_run[(method, s)]["curves"][reward]["series"] for s in seeds
+                      if (method, s) in per_run and per_run[(method, s)]["ok"] and reward in per_run[(method, s)]["curves"]]
+            if not series:
+                continue
+            steps = sorted({k for s in series for k in s})
+            mean, lo, hi = [], [], []
+            for k in steps:
+                m, sd, _ = mean_spread([s[k] for s in series if k in s])
+                mean.append(m)
+                lo.append(m - (sd or 0.0))
+                hi.append(m + (sd or 0.0))
+            line = ax.plot(steps, mean, label=f"{method} ({len(series)} seeds)")[0]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.12)
+        if reward == FORMAT:
+            ax.axhline(threshold, color="0.4", ls="--", lw=1)
+        ax.set_title(f"{reward} (batch mean; mean ± std over seeds)", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=8)
+    fig.savefig(path)
+
+
+def plot_diagnostic(table: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    diag = [(m, r["diagnostic"]) for m, r in table.items() if r.get("diagnostic")]
+    if not diag:
+        return
+    fig = Figure(figsize=(7, 3.6), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    groups = [("all", lambda d, k: d[k]), ("conflicts", lambda d, k: d["conflict"][k])]
+    labels, gd, mr = [], [], []
+    for m, d in diag:
+        for gname, get in groups:
+            labels.append(f"{m} dumps\n{gname}")
+            gd.append(get(d, "gdpo_agree")[0] or 0.0)
+            mr.append(get(d, "mrtpo_agree")[0] or 0.0)
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], gd, 0.38, label="GDPO weighting")
+    ax.bar([x + 0.2 for x in xs], mr, 0.38, label="MRTPO weighting")
+    ax.axhline(0.5, color="0.4", ls="--", lw=1)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("tag tokens whose advantage has A_format's sign")
+    ax.legend(fontsize=8)
+    ax.set_title("Does the format credit survive on the tag tokens?", fontsize=9)
+    fig.savefig(path)
+
+
+def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: float, window: int, after_steps: int,
+            steps: int, beta: float, docs: Optional[Path] = None, log: Callable[[str], None] = print) -> dict:
+    """Read every run under ``out/runs``; write results.md, results.json, curves.png and diagnostic.png to
+    ``out`` (and copy them to ``docs`` when given)."""
+    per_run = {}
+    for method in methods:
+        for seed in seeds:
+            entry = load_run(out / "runs" / f"{method}_seed{seed}", method, threshold, window, after_steps, beta, log)
+            if entry is not None:
+                per_run[(method, seed)] = entry
+    if not per_run:
+        raise ExperimentError(f"no finished runs under {out / 'runs'}")
+    table = build_table(per_run, methods, seeds, steps)
+    sft = {}
+    p = out / "warm_start" / "sft_model" / "sft_meta.json"
+    if p.is_file():
+        meta = json.loads(p.read_text())
+        sft[str(meta.get("seed", 0))] = meta
+    wall = {f"{m}_seed{s}": e["wall_s"] for (m, s), e in per_run.items() if e["ok"]}
+    md = render_results(table, threshold, window, after_steps, steps, sft, wall)
+    (out / "results.md").write_text(md)
+
+    def finite(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {str(k): finite(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [finite(v) for v in o]
+        return o
+
+    results = {"threshold": threshold, "window": window, "after_steps": after_steps, "steps": steps, "table": table,
+               "runs": {f"{m}_seed{s}": e for (m, s), e in per_run.items()}, "sft": sft}
+    (out / "results.json").write_text(json.dumps(finite(results), indent=1, default=str))
+    for name, fn in (("curves.png", lambda p: plot_curves(per_run, methods, seeds, threshold, p)),
+                     ("diagnostic.png", lambda p: plot_diagnostic(table, p))):
+        try:
+            fn(out / name)
+        except Exception as e:  # noqa: BLE001 - a plot is optional output
+            log(f"{LOG_PREFIX} {name} not written: {type(e).__name__}: {e}")
+    if docs is not None:
+        import shutil
+
+        docs.mkdir(parents=True, exist_ok=True)
+        for name in ("results.md", "curves.png", "diagnostic.png"):
+            if (out / name).is_file():
+                shutil.copy(out / name, docs / name)
+    return results

@@ -1,0 +1,84 @@
+"""Which response tokens carry the format and which the argument.
+
+A response of the task is ``<tool_call>\\n{"name": ..., "arguments": {"<arg>": <value>}}`` followed by the
+closing tag (or, broken, by nothing, ``</tool>``, a stray ``}`` or text after the block), then the end
+token. :func:`call_spans` finds, with the JSON decoder, the character span of the call's JSON object and
+of the argument's value; :func:`token_roles` maps them to token positions:
+
+- **tag tokens**: every valid token with a character outside the JSON object (the opening tag, the line
+  breaks, the closing tag or what stands in its place, text after it) and the special tokens after the
+  object (the end token, empty when decoded): the tokens where the frame is made or broken, which is
+  what the format reward decides on in this task (the object's inside is the same in every demonstration);
+- **argument tokens**: the tokens that overlap the argument's value (what correctness decides on).
+
+The text is rebuilt from the per-token strings of a relevance dump with special tokens as empty strings,
+as the reward manager decodes (``skip_special_tokens=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Optional
+
+_OPEN = "<tool_call>"
+_ARG_VALUE = re.compile(r'"arguments"\s*:\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+
+
+def _special_ids() -> set[int]:
+    from recipe.mrtpo.cpu.tiny_model import QWEN2_SPECIAL_TOKENS
+
+    return {tid for tid, _, special in QWEN2_SPECIAL_TOKENS if special}
+
+
+def call_spans(text: str) -> Optional[dict]:
+    """``{"object": (lo, hi), "value": (lo, hi) or None}``: the character spans of the first block's JSON
+    object (from its ``{`` to after its ``}``) and of its argument's value; ``None`` when the text has no
+    ``<tool_call>`` followed by a decodable JSON object."""
+    start = text.find(_OPEN)
+    if start < 0:
+        return None
+    brace = text.find("{", start + len(_OPEN))
+    if brace < 0 or text[start + len(_OPEN):brace].strip():
+        return None
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text, brace)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    value = None
+    m = _ARG_VALUE.search(text, brace, end)
+    if m:
+        try:
+            _, vend = json.JSONDecoder().raw_decode(text, m.end())
+            if vend <= end:
+                value = (m.end(), vend)
+        except ValueError:
+            pass
+    return {"object": (brace, end), "value": value}
+
+
+def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: int,
+                special_ids: Optional[set] = None) -> Optional[dict]:
+    """``{"tag": [positions], "argument": [positions]}`` of the first ``valid`` tokens (see the module
+    docstring), or ``None`` when the response holds no decodable call (nothing to attribute)."""
+    special = _special_ids() if special_ids is None else special_ids
+    pieces, starts, pos = [], [], 0
+    for t in range(valid):
+        piece = "" if int(token_ids[t]) in special else str(token_strings[t])
+        starts.append(pos)
+        pieces.append(piece)
+        pos += len(piece)
+    spans = call_spans("".join(pieces))
+    if spans is None:
+        return None
+    lo, hi = spans["object"]
+    tag = [t for t in range(valid)
+           if (pieces[t] and (starts[t] < lo or starts[t] + len(pieces[t]) > hi)) or (not pieces[t] and starts[t] >= hi)]
+    arg = []
+    if spans["value"] is not None:
+        vlo, vhi = spans["value"]
+        arg = [t for t in range(valid) if pieces[t] and starts[t] < vhi and starts[t] + len(pieces[t]) > vlo]
+    return {"tag": tag, "argument": arg}

@@ -1,0 +1,309 @@
+"""The format-speed miniature without any verl run:
+
+- the builder (``data_prep.format_speed``): deterministic, disjoint splits, demonstrations that the real
+  tool-calling verifier scores as designed (frame broken at the asked rate, costing format only;
+  argument right at the asked rate, independently), the SFT variants that teach each Z_k;
+- the tag and argument token positions (``experiments.format_speed.tokens``);
+- the sign diagnostic and the localisation shares on a hand-made relevance dump (``.diagnostic``);
+- the analysis table from fake runs (``.results``), the run overrides and the machine-wide lock (``.runs``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep import format_speed as builder
+from experiments.format_speed.cli import main as experiment_main
+from experiments.format_speed.diagnostic import dump_records, summarise, summed_advantages
+from experiments.format_speed.results import analyse, run_curves
+from experiments.format_speed.runs import heavy_lock, run_overrides
+from experiments.format_speed.tokens import call_spans, token_roles
+from recipe.mrtpo.tasks import to_plain
+from recipe.mrtpo.tasks.tool_calling import score
+
+IM_END = 151645  # special: decoded as "" by the reward manager
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return builder.build_splits(seed=3, n_sft=2000, n_train=64, n_test=32)
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def test_builder_is_deterministic(tmp_path):
+    for d in ("a", "b"):
+        assert builder.main(["--out-dir", str(tmp_path / d), "--seed", "1", "--n-sft", "50"]) == 0
+    for split in ("sft", "train", "test"):
+        assert (tmp_path / "a" / f"{split}.parquet").read_bytes() == (tmp_path / "b" / f"{split}.parquet").read_bytes()
+    assert builder.main(["--out-dir", str(tmp_path / "c"), "--seed", "2", "--n-sft", "50"]) == 0
+    assert (tmp_path / "a" / "train.parquet").read_bytes() != (tmp_path / "c" / "train.parquet").read_bytes()
+
+
+def test_splits_are_disjoint_and_plain(splits):
+    key = lambda r: r["prompt"][0]["content"]  # noqa: E731
+    test, train, sft = ({key(r) for r in splits[s]} for s in ("test", "train", "sft"))
+    assert len(test) == 32 and len(train) == 64
+    assert not test & train and not (test | train) & {key(r) for r in splits["sft"] if r["extra_info"]["variant"] == "plain"}
+    for r in splits["train"] + splits["test"]:
+        assert r["data_source"] == "tool_calling" and r["extra_info"]["variant"] == "plain"
+        assert builder.FORMAT_INSTRUCTION in key(r) and "verifier_information" not in key(r)
+        res = score(builder.gold_answer(*_call(r)), to_plain(r["reward_model"]["ground_truth"]), r["extra_info"])
+        assert res.scores == {"format": 1.0, "correctness": 1.0}
+        # Z_format is the instruction, verbatim in the prompt; Z_correctness the rendered reference call
+        assert res.contexts["format"].text == builder.FORMAT_INSTRUCTION and res.contexts["format"].placement == "prompt"
+        assert res.contexts["correctness"].text == builder.gold_answer(*_call(r))
+
+
+def _call(row):
+    gt = json.loads(row["reward_model"]["ground_truth"]["calls"])[0]
+    (arg, value), = gt["arguments"].items()
+    return gt["name"], arg, value
+
+
+def test_demonstrations_are_scored_as_designed(splits):
+    by_variant: dict = {}
+    for r in splits["sft"]:
+        res = score(r["extra_info"]["demo"], to_plain(r["reward_model"]["ground_truth"]), r["extra_info"])
+        f, c = res.scores["format"], res.scores["correctness"]
+        # a broken frame costs format only: the lenient reading still finds the call
+        assert f == float(r["extra_info"]["demo_corruption"] == "")
+        assert c == (1.0 if r["extra_info"]["demo_arg_right"] else 0.5)
+        by_variant.setdefault(r["extra_info"]["variant"], []).append((f, c))
+    plain = by_variant["plain"]
+    assert abs(sum(f for f, _ in plain) / len(plain) - 0.3) < 0.06
+    assert abs(sum(c == 1.0 for _, c in plain) / len(plain) - 0.5) < 0.06
+    # independent: the argument rate is the same with and without a good frame
+    good = [c for f, c in plain if f == 1.0]
+    bad = [c for f, c in plain if f == 0.0]
+    assert abs(sum(c == 1.0 for c in good) / len(good) - sum(c == 1.0 for c in bad) / len(bad)) < 0.12
+    assert all(f == 0.0 for f, _ in by_variant["no_instruction"])  # without the instruction the frame breaks
+    assert all(c == 1.0 for _, c in by_variant["with_reference"])  # with the reference the argument is right
+    assert 0.15 < sum(f for f, _ in by_variant["with_reference"]) / len(by_variant["with_reference"]) < 0.45
+
+
+def test_sft_variants_are_what_the_replay_builds(splits):
+    from recipe.mrtpo.core.prompt_variants import append_to_last_user, remove_from_messages, verifier_block
+
+    for r in splits["sft"][:200]:
+        name, arg, value = _call(r)
+        plain = builder.prompt_text(next(t for t in builder.TOOLS if t[0] == name), value)
+        variant = r["extra_info"]["variant"]
+        if variant == "no_instruction":  # P_minus_format of the plain prompt
+            assert r["prompt"] == remove_from_messages([{"role": "user", "content": plain}], builder.FORMAT_INSTRUCTION)
+        elif variant == "with_reference":  # P_all of the plain prompt
+            block = verifier_block([("correctness", builder.gold_answer(name, arg, value))])
+            assert r["prompt"] == append_to_last_user([{"role": "user", "content": plain}], block)
+        else:
+            assert r["prompt"][0]["content"] == plain
+
+
+def test_builder_rejects_impossible_requests(tmp_path, capsys):
+    assert builder.main(["--out-dir", str(tmp_path), "--n-train", "300", "--n-test", "100"]) == 2
+    assert "n_train + n_test" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="p_format"):
+        builder.build_splits(p_format=1.5)
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+
+# '<tool_call>\n{"name": "set_timer", "arguments": {"minutes": 27}}\n</tool_call>' as Qwen2 splits it
+GOOD = ["<tool_call>", "\n", '{"', "name", '":', ' "', "set", "_timer", '",', ' "', "arguments", '":', ' {"', "minutes",
+        '":', " ", "2", "7", "}}\n", "</tool_call>", "<|im_end|>"]
+NO_CLOSE = GOOD[:18] + ["}}", "<|im_end|>"]
+GARBLED = GOOD[:18] + ["}}\n", "</", "tool", ">", "<|im_end|>"]
+
+
+def _ids(tokens):
+    return [IM_END if t == "<|im_end|>" else 1000 + i for i, t in enumerate(tokens)]
+
+
+def test_token_roles():
+    roles = token_roles(_ids(GOOD), GOOD, len(GOOD))
+    assert roles == {"tag": [0, 1, 18, 19, 20], "argument": [16, 17]}
+    assert token_roles(_ids(NO_CLOSE), NO_CLOSE, len(NO_CLOSE)) == {"tag": [0, 1, 19], "argument": [16, 17]}
+    assert token_roles(_ids(GARBLED), GARBLED, len(GARBLED))["tag"] == [0, 1, 18, 19, 20, 21, 22]
+    assert token_roles(_ids(GOOD), GOOD, 19)["tag"] == [0, 1, 18]  # only the valid prefix
+    broken = GOOD[:12] + ["}", "<|im_end|>"]  # no decodable object: nothing to attribute
+    assert token_roles(_ids(broken), broken, len(broken)) is None
+    assert call_spans("no call here") is None and call_spans("<tool_call>\nx{}") is None
+    text = "".join(GOOD[:-1])
+    spans = call_spans(text)
+    assert text[slice(*spans["object"])].startswith('{"name"') and text[slice(*spans["value"])] == "27"
+
+
+# ------------------------------------------------------------------------------------------ diagnostic
+
+
+def _dump(responses, scores, rel, beta=0.5, rho=None):
+    T = max(len(r) for r in responses)
+    n = len(responses)
+    mask = torch.zeros(n, T, dtype=torch.long)
+    ids = torch.zeros(n, T, dtype=torch.long)
+    toks = []
+    for i, r in enumerate(responses):
+        mask[i, : len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(_ids(r))
+        toks.append(list(r) + ["<|endoftext|>"] * (T - len(r)))
+    return {"step": 3, "beta": beta, "max_realloc_rms": rho, "reward_names": ["format", "correctness"], "uid": ["g"] * n,
+            "scores": torch.tensor(scores, dtype=torch.float32), "replayed": torch.ones(n, 2, dtype=torch.bool),
+            "relevance": rel, "response_mask": mask, "response_ids": ids, "response_tokens": toks}
+
+
+def _localised_q(responses, T):
+    """q_format on each response's tag tokens, q_correctness on its argument tokens (plus a little noise)."""
+    rel = torch.full((len(responses), 2, T), 0.01)
+    for i, r in enumerate(responses):
+        roles = token_roles(_ids(r), r, len(r))
+        rel[i, 0, roles["tag"]] = 0.5
+        rel[i, 1, roles["argument"]] = 0.5
+        rel[i, :, len(r):] = 0
+    return rel
+
+
+def test_sign_diagnostic_on_a_hand_made_dump():
+    # one group: good tags + wrong argument, good + right, broken + right, broken + wrong
+    responses = [GOOD, GOOD, NO_CLOSE, NO_CLOSE]
+    scores = [[1, 0.5], [1, 1], [0, 1], [0, 0.5]]
+    dump = _dump(responses, scores, _localised_q(responses, len(GOOD)))
+    adv = summed_advantages(dump, beta=0.5)
+    a = adv["A"].tolist()
+    assert a[0][0] == pytest.approx(-a[0][1], rel=1e-4) and a[0][0] > 0  # the conflict of the issue: +A_format, -A_correctness
+    assert torch.allclose(adv["gdpo"][0], torch.zeros(len(GOOD)), atol=1e-4)  # GDPO: they cancel on every token
+    recs = dump_records(dump, beta=0.5)
+    assert [r["conflict"] for r in recs] == [True, False, True, False]
+    s = summarise(recs)
+    assert s["with_format_advantage"] == 4 and s["conflicts"] == 2
+    assert s["conflict"]["gdpo_agree"] == 0.0 and s["conflict"]["mrtpo_agree"] == 1.0  # MRTPO keeps format's sign on tags
+    assert s["conflict"]["gdpo_signed"] == pytest.approx(0.0, abs=1e-4) and s["conflict"]["mrtpo_signed"] > 0.5
+    assert s["gdpo_agree"] == 0.5 and s["mrtpo_agree"] == 1.0
+    # aligned responses: GDPO gives the tags both rewards' credit (signed 2); MRTPO w_format + w_correctness
+    # on the tags: w = (1 - beta) + beta q / qbar, format's q mostly on the tags, correctness's elsewhere
+    w_f = 0.5 + 0.5 * 0.5 / ((5 * 0.5 + 16 * 0.01) / 21)
+    w_c = 0.5 + 0.5 * 0.01 / ((2 * 0.5 + 19 * 0.01) / 21)
+    assert recs[1]["gdpo_signed"] == pytest.approx(2.0, rel=1e-4) and recs[1]["mrtpo_signed"] == pytest.approx(w_f + w_c, rel=1e-4)
+    assert recs[0]["mrtpo_signed"] == pytest.approx(w_f - w_c, rel=1e-3)  # the conflict: format's share wins on the tags
+    # localisation shares: tags hold 0.5 each of q_format, the rest 0.01 per token
+    good_tag = 5 * 0.5 / (5 * 0.5 + 16 * 0.01)
+    assert recs[0]["q_format_on_tag"] == pytest.approx(good_tag, rel=1e-5)
+    assert recs[0]["q_correctness_on_arg"] == pytest.approx(2 * 0.5 / (2 * 0.5 + 19 * 0.01), rel=1e-5)
+    assert recs[0]["tag_share"] == pytest.approx(5 / 21) and recs[2]["tag_share"] == pytest.approx(3 / 20)
+    # uniform q: MRTPO is GDPO
+    flat = _dump(responses, scores, torch.ones(4, 2, len(GOOD)))
+    s2 = summarise(dump_records(flat, beta=0.5))
+    assert s2["mrtpo_agree"] == s2["gdpo_agree"] and s2["conflict"]["mrtpo_agree"] == 0.0
+
+
+def test_diagnostic_skips_dumps_without_relevance_and_undecodable_calls():
+    responses = [GOOD, NO_CLOSE]
+    dump = _dump(responses, [[1, 1], [0, 1]], None)
+    assert dump_records(dump, 0.5) == [] and summarise([])["gdpo_agree"] is None
+    broken = GOOD[:12] + ["}", "<|im_end|>"]
+    dump = _dump([GOOD, broken], [[1, 1], [0, 0]], torch.ones(2, 2, len(GOOD)))
+    assert [r["sample"] for r in dump_records(dump, 0.5)] == [0]
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+def _log(rewards: dict[str, list[float]]) -> str:
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+    n = len(next(iter(rewards.values())))
+    return "\n".join(concat_dict_to_str({f"mrtpo/reward/{k}/mean": v[i] for k, v in rewards.items()}, step=i + 1)
+                     for i in range(n)) + "\n"
+
+
+def _fake_run(runs: Path, method: str, seed: int, fmt: list[float], cor: list[float], dump=None, ok=True):
+    d = runs / f"{method}_seed{seed}"
+    d.mkdir(parents=True)
+    (d / "main_mrtpo.log").write_text(_log({"format": fmt, "correctness": cor}))
+    (d / "result.json").write_text(json.dumps({"ok": ok, "log": "main_mrtpo.log", "wall_s": 100.0}))
+    if dump is not None:
+        (d / "relevance_dumps").mkdir()
+        torch.save(dump, d / "relevance_dumps" / "step_000003.pt")
+
+
+def test_run_curves():
+    c = run_curves(_log({"format": [0.2, 0.9, 0.9, 0.8, 1.0], "correctness": [0.5] * 5}), 0.8, 2, 3)["format"]
+    assert c["first_reach"] == 3  # running mean of 2: 0.55, 0.9 (step 3), ...; 0.9 at step 2 alone is not enough
+    assert c["after"] == 0.8 and c["start"] == pytest.approx(0.55) and c["final"] == pytest.approx(0.9)
+    assert run_curves(_log({"format": [0.2, 0.3]}), 0.8, 2, 10)["format"]["after"] is None
+    with pytest.raises(ValueError):
+        run_curves("", 0.8, 0, 1)
+
+
+def test_analyse_builds_the_table_from_fake_runs(tmp_path):
+    responses = [GOOD, GOOD, NO_CLOSE, NO_CLOSE]
+    dump = _dump(responses, [[1, 0.5], [1, 1], [0, 1], [0, 0.5]], _localised_q(responses, len(GOOD)))
+    runs = tmp_path / "runs"
+    _fake_run(runs, "gdpo", 0, [0.2, 0.5, 0.8, 0.9, 0.9], [0.7, 0.7, 0.8, 0.8, 0.8])
+    _fake_run(runs, "gdpo", 1, [0.2, 0.3, 0.3, 0.4, 0.4], [0.7, 0.7, 0.7, 0.8, 0.9])
+    _fake_run(runs, "mrtpo", 0, [0.3, 0.8, 0.9, 1.0, 1.0], [0.7, 0.8, 0.8, 0.8, 0.8], dump)
+    _fake_run(runs, "mrtpo", 1, [0.3, 0.9, 0.9, 1.0, 1.0], [0.7, 0.7, 0.7, 0.7, 0.7], dump)
+    _fake_run(runs, "grpo", 0, [0.3] * 5, [0.7] * 5, ok=False)
+    res = analyse(tmp_path, ["grpo", "gdpo", "mrtpo"], [0, 1], threshold=0.8, window=2, after_steps=3, steps=5, beta=0.5,
+                  docs=tmp_path / "docs", log=lambda m: None)
+    t = res["table"]
+    assert t["grpo"]["n"] == 0 and t["gdpo"]["n"] == 2 and t["mrtpo"]["n"] == 2
+    assert t["gdpo"]["reach"]["per_seed"] == {"0": 4, "1": None} and t["gdpo"]["reach"]["mean"] == 4
+    assert t["gdpo"]["reach"]["censored_mean"] == pytest.approx((4 + 6) / 2)
+    assert t["mrtpo"]["reach"]["per_seed"] == {"0": 3, "1": 3} and t["mrtpo"]["reach"]["mean"] == 3  # 0.6 at step 2
+    assert t["mrtpo"]["format_after"][0] == pytest.approx(1.0)  # step 4 of both seeds
+    assert t["gdpo"]["correctness_gain"][0] == pytest.approx(((0.8 - 0.7) + (0.85 - 0.7)) / 2)
+    assert t["gdpo"]["diagnostic"] is None
+    d = t["mrtpo"]["diagnostic"]
+    assert d["conflicts"] == 4 and d["conflict"]["gdpo_agree"][0] == 0.0 and d["conflict"]["mrtpo_agree"][0] == 1.0
+    md = (tmp_path / "results.md").read_text()
+    assert "| gdpo | 2 | 4.0 (1/2; ≥5.0 over all) |" in md and "| grpo | 0 | – |" in md
+    assert "| mrtpo | 3 | 3 |" in md  # steps to format per seed
+    for name in ("results.md", "curves.png", "diagnostic.png"):
+        assert (tmp_path / "docs" / name).is_file()
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "results.json").read_text())["table"]["mrtpo"]["n"] == 2
+
+
+def test_analyse_only_exits_nonzero_on_failed_runs(tmp_path, capsys):
+    _fake_run(tmp_path / "runs", "gdpo", 0, [0.2, 0.5], [0.7, 0.7])
+    _fake_run(tmp_path / "runs", "grpo", 0, [0.2, 0.5], [0.7, 0.7], ok=False)
+    argv = ["--out", str(tmp_path), "--seeds", "0", "--methods", "gdpo", "grpo", "--analyse-only", "--steps", "2"]
+    assert experiment_main(argv) == 1 and "grpo_seed0" in capsys.readouterr().err
+    assert experiment_main(["--out", str(tmp_path / "none"), "--analyse-only"]) == 1
+
+
+# -------------------------------------------------------------------------------------------------- runs
+
+
+def test_run_overrides(tmp_path):
+    ov = run_overrides("mrtpo", tmp_path / "m", tmp_path / "d.parquet", tmp_path / "r", seed=2, steps=15, lr=1e-3,
+                       beta=0.5, warmup=1)
+    keys = [o.split("=", 1)[0] for o in ov]
+    assert len(keys) == len(set(keys))
+    assert "trainer.project_name=mrtpo_format_speed" in ov and "mrtpo.dump.every_n_steps=1" in ov
+    assert "algorithm.adv_estimator=mrtpo" in ov and "actor_rollout_ref.rollout.seed=2" in ov
+    assert not any(o.startswith("mrtpo.dump") for o in run_overrides("gdpo", tmp_path, tmp_path, tmp_path, 0, 1, 1e-3, 0.5, 1))
+
+
+def test_heavy_lock_is_exclusive(tmp_path):
+    path = tmp_path / "heavy.lock"
+    with heavy_lock(path, log=lambda m: None):
+        with open(path) as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+
+
+def test_experiment_runs_as_a_module():
+    res = subprocess.run([sys.executable, "-m", "experiments.format_speed", "--help"], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python -m experiments.format_speed ")
