@@ -8,12 +8,15 @@
 # prints the composed config instead (Hydra's `--cfg job --resolve`: no Ray, no GPU, a few seconds).
 #
 # Environment (all optional):
-#   ALGO             mrtpo (default) | gdpo | grpo | cort | shuffle; only what differs is switched:
+#   ALGO             mrtpo (default) | gdpo | grpo | cort | shuffle | opsd; only what differs is switched:
 #                      grpo    algorithm.adv_estimator=grpo   (one summed reward, verl's GRPO)
 #                      gdpo    algorithm.adv_estimator=gdpo   (per-reward group normalisation, no replay)
 #                      mrtpo   algorithm.adv_estimator=mrtpo  (GDPO + per-reward token relevance, the method)
 #                      cort    mrtpo + mrtpo.mode=cort        (CoRT-style joint replay baseline)
 #                      shuffle mrtpo + mrtpo.shuffle=True     (control: relevance permuted over positions)
+#                      opsd    gdpo + mrtpo.mode=opsd         (on-policy self-distillation baseline: the policy under
+#                              P_all teaches the policy under the rollout prompt, verl's distillation loss added to
+#                              GDPO's policy loss; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef, docs/opsd.md)
 #   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
 #   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)
 #   VAL_FILES        parquet file(s), comma-separated (default: the task's evaluation sets under data/)
@@ -35,7 +38,7 @@
 # The command line is echoed on stderr before it runs.
 
 MRTPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MRTPO_ALGOS="mrtpo gdpo grpo cort shuffle"
+MRTPO_ALGOS="mrtpo gdpo grpo cort shuffle opsd"
 
 mrtpo_die() { printf '[mrtpo] ERROR: %s\n' "$*" >&2; exit 1; }
 mrtpo_log() { printf '[mrtpo] %s\n' "$*" >&2; }
@@ -205,6 +208,7 @@ _mrtpo_algo() {
     mrtpo) ALGO_ARGS=(algorithm.adv_estimator=mrtpo) ;;
     cort) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.mode=cort) ;;
     shuffle) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.shuffle=True) ;;
+    opsd) ALGO_ARGS=(algorithm.adv_estimator=gdpo mrtpo.mode=opsd) ;;
     *) mrtpo_die "unknown ALGO '$1' (one of: $MRTPO_ALGOS)" ;;
   esac
 }

@@ -41,6 +41,7 @@ ALGO_EXPECT = {
     "grpo": ("grpo", "mrtpo", False),
     "cort": ("mrtpo", "cort", False),
     "shuffle": ("mrtpo", "mrtpo", True),
+    "opsd": ("gdpo", "opsd", False),
 }
 # script -> ALGO of its dry run (None: ALGO unset, the default mrtpo). Every ALGO value occurs.
 DRY_RUNS = {
@@ -51,7 +52,7 @@ DRY_RUNS = {
     "qwen3b_text2sql": "shuffle",
     "qwen3b_toolcall": "mrtpo",
     "qwen7b_ifbench": "gdpo",
-    "qwen7b_text2sql": "grpo",
+    "qwen7b_text2sql": "opsd",
     "qwen7b_toolcall": "mrtpo",
 }
 # scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
@@ -146,6 +147,9 @@ def test_dry_run_config(dry_runs, name):
     assert cfg["algorithm"]["adv_estimator"] == est
     assert cfg["mrtpo"]["mode"] == mode
     assert cfg["mrtpo"]["shuffle"] is shuffle
+    if algo == "opsd":  # the teacher is the actor itself: verl's teacher servers stay off
+        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (32, "forward_kl_topk", 1.0)
+        assert cfg["distillation"]["enabled"] is False
     assert cfg["mrtpo"]["replay"] is True  # never switched off: replay runs iff adv_estimator == mrtpo
     assert (cfg["mrtpo"]["beta"], cfg["mrtpo"]["warmup_steps"], cfg["mrtpo"]["max_realloc_rms"]) == (0.5, 10, 1.0)
     rm = cfg["reward"]["reward_manager"]
