@@ -302,3 +302,11 @@ def test_loss_settings_and_config_checks():
     for bad in ({"opsd_topk": 0}, {"opsd_loss_mode": "k1"}, {"opsd_loss_coef": -1.0}, {"mode": "distil"}):
         with pytest.raises(ValueError):
             mrtpo_config(bad)
+
+
+def test_the_report_places_opsd_among_the_baselines():
+    from recipe.mrtpo.tools.report.discovery import parse_run_name
+    from recipe.mrtpo.tools.report.names import method_sort
+
+    assert parse_run_name("qwen2.5-coder-7b-instruct_text2sql_opsd_seed1")["method"] == "opsd"  # the run scripts' names
+    assert method_sort(["mrtpo", "zeta", "opsd", "shuffle", "grpo", "gdpo", "cort"]) == ["grpo", "gdpo", "cort", "opsd", "shuffle", "mrtpo", "zeta"]

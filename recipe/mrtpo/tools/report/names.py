@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: Row order of the paper's table; other methods follow alphabetically.
-METHOD_ORDER = ("base", "grpo", "gdpo", "cort", "shuffle", "mrtpo")
+METHOD_ORDER = ("base", "grpo", "gdpo", "cort", "opsd", "shuffle", "mrtpo")
 
 #: Column order and display names of the evaluated tasks; others follow alphabetically.
 TASK_ORDER = ("ifbench", "ifeval", "instruction_following", "spider", "bird", "chinook", "text_to_sql",
