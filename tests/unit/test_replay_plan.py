@@ -74,3 +74,41 @@ def test_reward_extras_reads_transferqueue_layout():
 
     ef = [{"reward_extra_info": {"mrtpo_rewards": "{}"}}, Wrapped({"reward_extra_info": {"x": 1}}), None, {"other": 1}]
     assert reward_extras(ef) == [{"mrtpo_rewards": "{}"}, {"x": 1}, {}, {}]
+
+
+def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
+    """The workers answer one half-precision row per variant; the driver returns [B, K, T] fp32 (§5)."""
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.replay_driver import run_replay
+    from recipe.mrtpo.reward_extras import RewardTable
+
+    msgs = [{"role": "user", "content": "Say hi. No commas. All lowercase."}]
+    ctx = {"a": {"text": "No commas.", "placement": "prompt"}, "b": {"text": "All lowercase.", "placement": "prompt"}}
+    scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])  # group g1 varies in a and b, g2 in nothing
+    index = np.array(["g1", "g1", "g2", "g2"], dtype=object)
+    T = 4
+    responses, mask = torch.arange(16).view(4, T), torch.ones(4, T, dtype=torch.long)
+    seen = {}
+
+    def dispatch(inputs, settings):
+        seen.update(settings=settings, rows=inputs["pair_variant"].shape[0])
+        R, NV = inputs["variant_lens"].shape
+        rows = torch.arange(R * (NV - 1) * T, dtype=torch.float32).view(R, NV - 1, T) / 100
+        forwards = torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]])  # rank 0: 3 forwards, rank 1: 1 (+2 padding)
+        return {"variant_relevance": rows.to(torch.bfloat16), "replay_logprobs": torch.zeros(R, T),
+                "replay_forwards": forwards[:R]}
+
+    table = RewardTable(names=["a", "b"], scores=scores, contexts=[ctx] * 4, errors=[""] * 4)
+    res = run_replay(mrtpo_config({}), table, index, [msgs] * 4, responses, mask, [render(msgs)] * 4, render, dispatch,
+                     dp_size=2, temperature=1.0, pad_id=0, token_budget=96)
+    assert seen["settings"]["token_budget"] == 96 and seen["rows"] == 2
+    assert res.relevance.dtype == torch.float32 and res.relevance.shape == (4, 2, T) and res.rows == [0, 1]
+    expect = (torch.arange(2 * 2 * T, dtype=torch.float32).view(2, 2, T) / 100).to(torch.bfloat16).float()
+    # both rewards' variants of each row: pair a -> variant 1 (row 0), b -> variant 2 (row 1)
+    assert torch.equal(res.relevance[:2], expect) and (res.relevance[2:] == 0).all()
+    assert res.metrics["mrtpo/replay_forwards_max"] == 3 and res.metrics["mrtpo/replay_forwards_min"] == 3
+    assert res.metrics["mrtpo/replay_padding_forwards"] == 0
+    from recipe.mrtpo.replay_driver import forward_metrics
+
+    m = forward_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2)
+    assert m == {"mrtpo/replay_forwards_max": 3, "mrtpo/replay_forwards_min": 1, "mrtpo/replay_padding_forwards": 2}
