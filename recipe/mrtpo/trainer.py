@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import numpy as np
 import ray
@@ -34,6 +35,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.config import RECIPE_ESTIMATORS, MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
+from recipe.mrtpo.core.prompt_variants import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.opsd_step import write_opsd_teacher
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
@@ -57,15 +59,40 @@ def _tolist(x) -> list:
     return list(x.tolist()) if hasattr(x, "tolist") else list(x)
 
 
-def reward_metrics(table: RewardTable) -> dict:
-    """Per-reward mean and count over the responses that carry the reward, and the verifier errors."""
+#: verl 0.9.1's padding rows (``padding_utils.upsample_batch_to_divisible_size``): uid "pad" + uuid4 hex
+PAD_UID = re.compile(r"^pad[0-9a-f]{32}$")
+
+
+def padding_rows(batch, uid=None) -> torch.Tensor:
+    """[B] bool: the synthetic rows verl appends to make the batch divisible by the data-parallel size.
+
+    verl copies sample 0 (its reward extras included) under one pad uid, with a one-token response whose
+    response_mask is 0, and tags each ``is_padding=True`` (what its own metrics filter on). Recognised by
+    the tag, or by the pad uid where the batch meta carries no tags.
+    """
+    tags = list(getattr(batch, "tags", None) or [])
+    n = len(uid) if uid is not None else len(tags) if tags else len(batch)
+    out = torch.zeros(n, dtype=torch.bool)
+    if len(tags) == n:
+        out |= torch.tensor([bool(t.get("is_padding", False)) if isinstance(t, dict) else False for t in tags], dtype=torch.bool)
+    if uid is not None:
+        out |= torch.tensor([bool(PAD_UID.match(str(u))) for u in uid], dtype=torch.bool)
+    return out
+
+
+def reward_metrics(table: RewardTable, valid=None) -> dict:
+    """Per-reward mean and count over the responses that carry the reward, and the verifier errors.
+
+    ``valid`` ([B] bool): rows to count (verl's padding rows, copies of sample 0, are left out).
+    """
+    keep = torch.ones(table.scores.shape[0], dtype=torch.bool) if valid is None else torch.as_tensor(valid, dtype=torch.bool)
     metrics: dict = {}
     for k, name in enumerate(table.names):
-        col = table.scores[:, k]
+        col = table.scores[keep, k]
         col = col[~torch.isnan(col)]
         metrics[f"mrtpo/reward/{name}/mean"] = float(col.mean()) if col.numel() else float("nan")
         metrics[f"mrtpo/reward/{name}/count"] = int(col.numel())
-    metrics["mrtpo/verifier_errors"] = float(table.n_errors)
+    metrics["mrtpo/verifier_errors"] = float(sum(1 for e, v in zip(table.errors, keep.tolist()) if e and v))
     return metrics
 
 
@@ -104,14 +131,17 @@ class MRTPOTrainer(PPOTrainerSync):
         extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
         if est not in RECIPE_ESTIMATORS:
             if any(extras):
-                metrics.update(reward_metrics(read_reward_table(extras, np.arange(len(extras)))))
+                valid = ~padding_rows(batch, None) if len(getattr(batch, "tags", None) or []) == len(extras) else None
+                metrics.update(reward_metrics(read_reward_table(extras, np.arange(len(extras))), valid))
             out = super()._compute_advantage(batch, metrics)
             return write_opsd_teacher(self, batch, metrics) if self.mrtpo.mode == "opsd" else out
 
         ab = verl_seam.read_advantage_batch(self.config, batch, metrics)
         index, mask = ab.uid, ab.response_mask.float()
         table = read_reward_table(extras, index)
-        metrics.update(reward_metrics(table))
+        valid = ~padding_rows(batch, index)  # verl's padding rows: out of the reward metrics and SAW/DVAO
+        metrics["mrtpo/padding_rows"] = int((~valid).sum())
+        metrics.update(reward_metrics(table, valid))
         if not table.names:
             raise RuntimeError(
                 "no per-reward scores in the batch: the 'mrtpo' and 'gdpo' estimators of this recipe need the "
@@ -128,9 +158,9 @@ class MRTPOTrainer(PPOTrainerSync):
         elif est == "mrtpo":
             metrics["mrtpo/replay_skipped"] = 1.0  # beta_s = 0 (warm-up start) or replay disabled: plain GDPO
 
-        adv, stats = self._advantage(table, index, mask, replay, beta_s, step)
+        adv, stats = self._advantage(table, index, mask, replay, beta_s, step, valid)
         if replay is not None:
-            gdpo_adv, _ = self._advantage(table, index, mask, None, 0.0, step)
+            gdpo_adv, _ = self._advantage(table, index, mask, None, 0.0, step, valid)
             metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] = float(((adv - gdpo_adv).abs() * mask).max())
         metrics.update(
             {
@@ -151,7 +181,7 @@ class MRTPOTrainer(PPOTrainerSync):
         self._maybe_dump(ab, table, replay, adv, beta_s, metrics)
         return out
 
-    def _advantage(self, table: RewardTable, index, mask: torch.Tensor, replay, beta_s: float, step: int):
+    def _advantage(self, table: RewardTable, index, mask: torch.Tensor, replay, beta_s: float, step: int, valid=None):
         """The core advantage (§1.1, §1.3, §1.5, §1.6) of the batch: [B, T] and its statistics."""
         cfg = self.mrtpo
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + step) if cfg.shuffle else None
@@ -166,6 +196,7 @@ class MRTPOTrainer(PPOTrainerSync):
             shuffle=cfg.shuffle,
             generator=gen,
             reward_weighting=cfg.reward_weighting,
+            valid=valid,
         )
 
     # ------------------------------------------------------------------ replay
@@ -183,7 +214,7 @@ class MRTPOTrainer(PPOTrainerSync):
         budget = int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
         return run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
-            rollout_prompts=_rows(meta["prompts"]), render=self._render, dispatch=self._dispatch_replay,
+            rollout_prompts=_rows(meta["prompts"]), render=CachedRender(self._render), dispatch=self._dispatch_replay,
             dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
             pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget,
         )

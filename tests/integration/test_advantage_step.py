@@ -198,3 +198,56 @@ def test_grpo_is_verls_own_step(monkeypatch, tiny):
     metrics: dict = {}
     trainer._compute_advantage(Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train"), metrics)
     assert calls == [] and "advantages" in fake.put and "mrtpo/reward/lower/mean" in metrics
+
+
+PAD_UID = "pad" + "0123456789abcdef" * 2  # verl: f"pad{uuid.uuid4().hex}"
+
+
+def make_padded_batch(tok, model, n_pad: int, tagged: bool):
+    """The batch of :func:`make_batch` plus ``n_pad`` rows as verl's ``upsample_batch_to_divisible_size``
+    makes them: sample 0's fields (its reward extras and raw prompt included) under one pad uid, a 127-token
+    EOS prompt, a one-token EOS response with response_mask 0, and the tag ``is_padding=True``."""
+    td, _, _ = make_batch(tok, model)
+    eos = int(tok.eos_token_id)
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    unbind = lambda key: list(td[key].unbind())  # noqa: E731
+    resp = torch.full((1,), eos, dtype=torch.long)
+    fields = {
+        "responses": unbind("responses") + [resp] * n_pad,
+        "response_mask": unbind("response_mask") + [torch.zeros(1, dtype=torch.long)] * n_pad,
+        "rm_scores": unbind("rm_scores") + [torch.zeros(1)] * n_pad,
+        "old_log_probs": unbind("old_log_probs") + [torch.zeros(1)] * n_pad,
+        "prompts": unbind("prompts") + [torch.full((127,), eos, dtype=torch.long)] * n_pad,
+    }
+    B = 4 + n_pad
+    out = TensorDict({k: nested(v) for k, v in fields.items()}, batch_size=[B])
+    out["uid"] = NonTensorStack(*UIDS, *[PAD_UID] * n_pad)
+    extras = [{"reward_extra_info": {SCORES_KEY: json.dumps(s), CONTEXTS_KEY: json.dumps(CTX), ERROR_KEY: ""}} for s in SCORES]
+    out["extra_fields"] = NonTensorStack(*extras, *[extras[0]] * n_pad)
+    out["raw_prompt"] = NonTensorStack(*[MSGS] * B)
+    keys = [f"{u}_0_{i}" for i, u in enumerate(UIDS)] + [f"{PAD_UID}_{j}_0" for j in range(n_pad)]
+    tags = [{"is_padding": False}] * 4 + [{"is_padding": True}] * n_pad if tagged else None
+    return out, Meta(keys=keys, partition_id="train", tags=tags)
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_padding_rows_change_no_reward_metric_and_no_advantage(monkeypatch, tiny, tagged):
+    """verl pads the batch to a multiple of the data-parallel size with copies of sample 0: they are left
+    out of the per-reward metrics and the SAW statistics, get no replay and a zero advantage, and the real
+    rows' advantages are those of the batch without them (recognised by the tag, or by the pad uid)."""
+    tok, model = tiny
+    overrides = ("mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.reward_weighting=saw")
+    ref_fake, ref_metrics, ref_calls, _ = run_step(monkeypatch, tiny, 6, *overrides)
+    td, meta = make_padded_batch(tok, model, n_pad=3, tagged=tagged)
+    fake = FakeTQ(td)
+    monkeypatch.setattr(verl_seam, "tq", fake)
+    trainer, calls = make_trainer(tok, model, 6, *overrides)
+    metrics: dict = {}
+    trainer._compute_advantage(meta, metrics)
+    assert metrics["mrtpo/padding_rows"] == 3 and ref_metrics["mrtpo/padding_rows"] == 0
+    for key in ("mrtpo/reward/lower/mean", "mrtpo/reward/lower/count", "mrtpo/reward/no_comma/mean",
+                "mrtpo/reward/no_comma/count", "mrtpo/lambda/lower", "mrtpo/lambda/no_comma", "mrtpo/pairs_replayed"):
+        assert metrics[key] == pytest.approx(ref_metrics[key]), key
+    assert metrics["mrtpo/reward/lower/count"] == 4
+    adv, ref = padded(fake.put["advantages"]), padded(ref_fake.put["advantages"])
+    assert torch.allclose(adv[:4, : ref.shape[1]], ref, atol=1e-5) and float(adv[4:].abs().max()) == 0

@@ -226,6 +226,36 @@ def test_response_level_weights():
         response_level_weights(scores, index, "bogus")
 
 
+@pytest.mark.parametrize("method", ["saw", "dvao"])
+def test_padding_rows_are_left_out_of_the_reward_weighting(method):
+    """verl pads the batch to a multiple of the DP size with copies of sample 0 under one pad uid (their
+    response_mask is 0): with ``valid`` they change neither lambda_k nor any real row's advantage."""
+    from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
+
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    nan = float("nan")
+    scores = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, nan], [0.0, nan]])  # ragged: group b has no reward 1
+    pad_uid = "pad" + "0" * 32
+    padded_scores = torch.cat([scores, scores[:1].expand(3, -1)])
+    padded_index = np.concatenate([index, np.array([pad_uid] * 3, dtype=object)])
+    valid = torch.tensor([True] * 4 + [False] * 3)
+    real = response_level_weights(scores, index, method)
+    assert response_level_weights(padded_scores, padded_index, method, valid=valid).tolist() == pytest.approx(real.tolist())
+    assert response_level_weights(padded_scores, padded_index, method).tolist() != pytest.approx(real.tolist())  # they would count
+
+    mask = torch.ones(4, 6)
+    padded_mask = torch.cat([mask, torch.zeros(3, 6)])
+    q = torch.rand(4, 2, 6, generator=torch.Generator().manual_seed(0))
+    padded_q = torch.cat([q, torch.zeros(3, 2, 6)])
+    ref, ref_stats = compute_mrtpo_advantage_with_stats(scores, index, mask, q, 0.5, 1.0, reward_weighting=method)
+    adv, stats = compute_mrtpo_advantage_with_stats(padded_scores, padded_index, padded_mask, padded_q, 0.5, 1.0,
+                                                    reward_weighting=method, valid=valid)
+    assert torch.allclose(adv[:4], ref, atol=1e-6) and float(adv[4:].abs().max()) == 0
+    assert stats.reward_weights == pytest.approx(ref_stats.reward_weights)
+    with pytest.raises(ValueError, match="valid"):
+        response_level_weights(padded_scores, padded_index, method, valid=valid[:4])
+
+
 def test_reward_table_from_extras_gives_verl_gdpo():
     """The reward manager's per-sample JSON, parsed once into a RewardTable, gives verl's GDPO (beta = 0)
     and the recipe's MRTPO (beta > 0) through the core function; the recipe does not register an estimator

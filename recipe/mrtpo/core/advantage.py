@@ -175,7 +175,9 @@ def group_has_variance(scores: torch.Tensor, index) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # Response-level reward weights (SAW, DVAO)
 # ----------------------------------------------------------------------------------------------
-def response_level_weights(scores: torch.Tensor, index, method: str = "none", eps: float = 1e-8) -> torch.Tensor:
+def response_level_weights(
+    scores: torch.Tensor, index, method: str = "none", eps: float = 1e-8, valid: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """lambda_k per reward, [K], normalised to mean 1 over the rewards present in the batch.
 
     - ``none``: 1 for every reward.
@@ -183,10 +185,18 @@ def response_level_weights(scores: torch.Tensor, index, method: str = "none", ep
     - ``dvao``: s_k = mean over groups of the in-group (population) variance of r_k.
     lambda_k = K' * s_k / sum_j s_j over the K' rewards present; if every s_k is 0 the weights are 1.
     A reward absent from the whole batch gets lambda_k = 0 (it contributes nothing anyway).
+    ``valid`` ([B] bool) leaves rows out of every statistic: verl's padding rows (copies of a real sample
+    that pad the batch to a multiple of the data-parallel size) must not count twice.
     """
     if method not in REWARD_WEIGHTINGS:
         raise ValueError(f"reward weighting must be one of {REWARD_WEIGHTINGS}, got {method!r}")
     s = scores.to(torch.float32)
+    if valid is not None:
+        keep = torch.as_tensor(valid, dtype=torch.bool).cpu().reshape(-1)
+        if keep.numel() != s.shape[0]:
+            raise ValueError(f"valid has {keep.numel()} entries for {s.shape[0]} samples")
+        s = s[keep.to(s.device)]
+        index = np.asarray(index, dtype=object)[keep.numpy()]
     K = s.shape[1]
     present = ~torch.isnan(s).all(0)
     if method == "none":
@@ -250,8 +260,13 @@ def compute_mrtpo_advantage_with_stats(
     generator: Optional[torch.Generator] = None,
     reward_weighting: str = "none",
     whiten: bool = True,
+    valid: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, AdvantageStats]:
-    """:func:`compute_mrtpo_advantage` plus an :class:`AdvantageStats` of what happened."""
+    """:func:`compute_mrtpo_advantage` plus an :class:`AdvantageStats` of what happened.
+
+    ``valid`` ([B] bool, default all): rows left out of the response-level weighting's statistics
+    (:func:`response_level_weights`; verl's padding rows).
+    """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, K], got {tuple(scores.shape)}")
     B, K = scores.shape
@@ -262,7 +277,7 @@ def compute_mrtpo_advantage_with_stats(
         raise ValueError(f"relevance must be [B, K, T] = {(B, K, mask.shape[1])}, got {tuple(relevance.shape)}")
 
     adv_k = group_normalized_scores(scores, index, epsilon).to(mask.device)  # [B, K]
-    lam = response_level_weights(scores, index, reward_weighting).to(mask.device)
+    lam = response_level_weights(scores, index, reward_weighting, valid=valid).to(mask.device)
     if reward_weights is not None:
         rw = torch.as_tensor(list(reward_weights), dtype=torch.float32, device=mask.device)
         if rw.numel() != K:
