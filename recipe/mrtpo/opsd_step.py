@@ -51,8 +51,23 @@ def verl_loss_group(config) -> Optional[dict]:
     return OmegaConf.to_container(group, resolve=True) if group is not None else None
 
 
+def check_opsd_settings(config) -> None:
+    """verl settings OPSD cannot run with, refused with what to change (docs/opsd.md, Limits): the teacher pass
+    is the replay's plain module forward (no fused kernels, Ulysses SP 1), verl's top-k loss needs the logits,
+    and ``distillation.enabled`` would start verl's teacher servers besides the self-teacher."""
+    arr = config.actor_rollout_ref
+    if bool(arr.model.get("use_fused_kernels", False)) or bool(arr.actor.get("use_fused_kernels", False)):
+        raise ValueError("mrtpo.mode=opsd needs the logits (teacher pass, top-k loss): set actor_rollout_ref.model.use_fused_kernels=False")
+    if int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1:
+        raise ValueError("mrtpo.mode=opsd runs whole sequences through the plain module forward: set actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
+    dist = config.get("distillation", None)
+    if dist is not None and bool(dist.get("enabled", False)):
+        raise ValueError("mrtpo.mode=opsd is the actor's own teacher: leave distillation.enabled=False (True starts verl's teacher servers)")
+
+
 def write_opsd_teacher(trainer, batch, metrics: dict, table: Optional[RewardTable] = None):
     """The teacher pass of ``batch`` and its fields in TransferQueue; returns the batch meta for the update."""
+    check_opsd_settings(trainer.config)
     cfg = trainer.mrtpo
     d = verl_seam.fetch_fields(batch, FIELDS)
     if table is None:

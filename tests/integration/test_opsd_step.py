@@ -153,3 +153,15 @@ def test_grpo_opsd_and_the_single_token_estimator(monkeypatch, tiny):
         assert torch.allclose(lp[len(prompt) - 1 : len(prompt) - 1 + n], want, atol=1e-4)
     assert meta.extra_info[LOSS_SETTINGS_KEY]["loss_mode"] == "k3"
     assert metrics["mrtpo/opsd/teacher_logprob_gain"] != 0.0
+
+
+@pytest.mark.parametrize("override, message", [("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
+                                               ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "ulysses"),
+                                               ("distillation.enabled=True", "teacher servers")])
+def test_settings_opsd_cannot_run_with_are_refused(override, message):
+    from recipe.mrtpo.opsd_step import check_opsd_settings
+
+    with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
+        check_opsd_settings(compose(config_name="mrtpo_trainer", overrides=["mrtpo.mode=opsd"]))
+        with pytest.raises(ValueError, match=message):
+            check_opsd_settings(compose(config_name="mrtpo_trainer", overrides=["mrtpo.mode=opsd", override]))
