@@ -11,6 +11,9 @@ sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are v
    (``docs/design.md`` §1). What it must re-state of verl's step is :mod:`recipe.mrtpo.verl_seam`. Any
    other estimator (``grpo``...) is verl's step unchanged. (verl's own ``gdpo`` cannot run on the v1 path:
    its step fetches no reward extras.)
+3. ``mrtpo.mode=opsd`` (the OPSD baseline, ``docs/opsd.md``): no replay; after the advantage,
+   :func:`recipe.mrtpo.opsd_step.write_opsd_teacher` adds the self-teacher's fields and loss settings, and the
+   worker's ``update_actor`` runs verl's own distillation loss.
 
 The warm-up step is s = global_steps - 1 (completed steps); verl restores ``global_steps`` from the
 checkpoint on resume, so the beta schedule continues where it stopped (§1.4).
