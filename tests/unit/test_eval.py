@@ -657,3 +657,22 @@ def test_vllm_generator_feeds_rendered_token_ids_and_reads_outputs(temperature, 
     assert expected[0][-3:] == [151644, 77091, 198]  # "<|im_start|>assistant\n": the generation prompt
     assert [[(g.text, g.n_tokens, g.finished) for g in gens] for gens in result] == [
         [(f"r{i}.{j}", j + 2, j % 2 == 0) for j in range(n)] for i in range(2)]
+
+
+def test_sql_agreement_cases_cover_the_semantics_and_run(shop_db):
+    from recipe.mrtpo.tools.eval.agreement import sql_cases
+
+    gold = "SELECT DISTINCT name, avg(price), count(DISTINCT id) FROM item GROUP BY name HAVING price >= 1 " \
+           "ORDER BY name DESC LIMIT 2"
+    cases = dict(sql_cases(gold))
+    assert {"gold", "distinct_removed", "columns_reversed", "values_as_float", "values_rounded", "empty_filter",
+            "count_distinct_toggled", "avg_as_sum_over_count", "order_removed", "order_reversed", "limit_plus_one",
+            "rows_doubled", "spaced_operators", "second_statement"} <= set(cases)
+    assert cases["distinct_removed"].startswith("SELECT name")
+    assert "count(id)" in cases["count_distinct_toggled"].lower() and "LIMIT 3" in cases["limit_plus_one"]
+    assert "> =" in cases["spaced_operators"] and cases["second_statement"].endswith("; SELECT 1")
+    conn = sqlite3.connect(shop_db)
+    for kind, sql in cases.items():
+        if kind not in ("spaced_operators", "second_statement"):  # SQLite refuses those as written
+            conn.execute(sql).fetchall()
+    conn.close()

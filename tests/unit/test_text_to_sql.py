@@ -521,7 +521,10 @@ def test_remove_distinct_is_token_level():
     kept = ("SELECT 'distinct', \"distinct\", `distinct`, [distinct], distinct_id, x.distinctive "
             "/* distinct */ FROM t -- distinct")
     assert remove_distinct(kept) == kept
-    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM u") == "SELECT  a FROM t;"
+    # only the first statement, with the blanks and a -- comment after its ';' (as sqlparse splits)
+    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM u") == "SELECT  a FROM t; "
+    assert remove_distinct("SELECT a FROM t;\nSELECT b") == "SELECT a FROM t;"
+    assert remove_distinct("SELECT a FROM t; -- order by\nSELECT b") == "SELECT a FROM t; -- order by\n"
     assert remove_distinct("SELECT 'a;b' FROM t") == "SELECT 'a;b' FROM t"
 
 

@@ -82,6 +82,8 @@ _TOKEN = re.compile(
     re.VERBOSE | re.DOTALL,
 )
 
+_AFTER_SEMICOLON = re.compile(r"[ \t]*(?:--[^\r\n]*(?:\r\n|\r|\n)?)?")
+
 
 def postprocess(query: str) -> str:
     """test-suite's ``postprocess``: ``> =`` / ``< =`` / ``! =`` -> ``>=`` / ``<=`` / ``!=`` (whole text)."""
@@ -98,14 +100,16 @@ def remove_distinct(query: str) -> str:
 
     Only whole tokens equal to ``distinct`` (any case) go; quoted text, comments and longer words stay,
     and the text around a removed token is kept as it is. Text after the first top-level ``;`` is
-    dropped, as test-suite keeps only sqlparse's first statement.
+    dropped (but for the spaces and a ``--`` comment right after it), as test-suite keeps only
+    sqlparse's first statement.
     """
     out = []
     for m in _TOKEN.finditer(query):
         if m.lastgroup == "word" and m.group().lower() == "distinct":
             continue
         out.append(m.group())
-        if m.lastgroup == "semicolon":
+        if m.lastgroup == "semicolon":  # sqlparse's first statement also takes the blanks and a -- comment after it
+            out.append(_AFTER_SEMICOLON.match(query, m.end()).group())
             break
     return "".join(out)
 

@@ -12,6 +12,18 @@ value, calls reordered, dropped or duplicated), reads each through the recipe's
 ``correctness == 1`` with equal counts) with BFCL's own ``ast_checker`` (:mod:`bfcl_official`) on
 the same decoded calls. Prints agreement per category and per perturbation kind, and the first
 disagreements. Exit status 0 (it is a measurement, not a test).
+
+``python -m recipe.mrtpo.tools.eval.agreement sql --test-suite-dir DIR [--questions FILE --db FILE]``
+
+For every Chinook question (``data_prep/chinook_questions.jsonl`` on the Chinook database by default)
+it writes the gold query and perturbations of it (:func:`sql_cases`: DISTINCT added or removed, in
+``count`` too, ORDER BY removed or reversed, columns reversed, the rows doubled with ``UNION ALL``,
+values as floats or rounded, ``avg(x)`` as ``sum(x) * 1.0 / count(x)``, LIMIT changed, spaced comparison operators, a second statement, an empty
+filter) and compares, in both modes, the recipe's ``execution_match`` with test-suite-sql-eval's own
+``exec_eval.eval_exec_match`` imported from ``DIR`` (a checkout of test-suite-sql-eval, with its
+requirements such as sqlparse installed). The database is copied alone into a temporary folder, as
+test-suite runs every ``.sqlite`` file next to it. It also compares the recipe's ``results_match``
+with test-suite's ``result_eq`` on 20,000 random pairs of results (:func:`measure_result_eq`).
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["bfcl_cases", "measure_bfcl", "main"]
+__all__ = ["bfcl_cases", "measure_bfcl", "sql_cases", "measure_sql", "main"]
 
 
 def _call_json(calls: list[dict]) -> str:
@@ -147,27 +159,210 @@ def measure_bfcl(rows: list[dict], show: int = 10) -> dict:
             "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}, "disagreements": examples}
 
 
+def sql_cases(gold: str) -> Iterator[tuple[str, str]]:
+    """(kind, predicted SQL) for the gold query and its perturbations (module docstring)."""
+    import sqlglot
+    from sqlglot import exp
+
+    yield "gold", gold
+    try:
+        tree = sqlglot.parse_one(gold, read="sqlite")
+    except Exception:  # noqa: BLE001 - a gold sqlglot cannot parse gets only the text perturbations
+        tree = None
+
+    def edited(fn) -> Optional[str]:
+        t = tree.copy()
+        return t.sql(dialect="sqlite") if fn(t) is not False else None
+
+    if isinstance(tree, exp.Select):
+        def toggle_distinct(t):
+            t.set("distinct", None if t.args.get("distinct") else exp.Distinct())
+        yield ("distinct_removed" if tree.args.get("distinct") else "distinct_added"), edited(toggle_distinct)
+
+        def reverse_columns(t):
+            if len(t.expressions) < 2 or any(isinstance(e, exp.Star) for e in t.expressions):
+                return False
+            t.set("expressions", list(reversed(t.expressions)))
+        yield "columns_reversed", edited(reverse_columns)
+
+        def as_float(t):
+            if any(isinstance(e, exp.Star) for e in t.expressions):
+                return False
+            t.set("expressions", [exp.alias_(exp.Mul(this=e.unalias().copy(), expression=exp.Literal.number("1.0")),
+                                             e.alias_or_name) for e in t.expressions])
+        yield "values_as_float", edited(as_float)
+
+        def rounded(t):
+            if any(isinstance(e, exp.Star) for e in t.expressions):
+                return False
+            t.set("expressions", [exp.alias_(exp.Round(this=e.unalias().copy(), decimals=exp.Literal.number(2)),
+                                             e.alias_or_name) for e in t.expressions])
+        yield "values_rounded", edited(rounded)
+
+        def empty_filter(t):
+            t.where("1 = 0", copy=False)
+        yield "empty_filter", edited(empty_filter)
+    if tree is not None:
+        def toggle_count_distinct(t):
+            counts = list(t.find_all(exp.Count))
+            if not counts:
+                return False
+            for c in counts:
+                arg = c.this
+                if isinstance(arg, exp.Distinct):
+                    c.set("this", arg.expressions[0])
+                elif not isinstance(arg, exp.Star):
+                    c.set("this", exp.Distinct(expressions=[arg]))
+        yield "count_distinct_toggled", edited(toggle_count_distinct)
+
+        def avg_as_ratio(t):  # the same mean, computed in another order: the last bits can differ
+            avgs = list(t.find_all(exp.Avg))
+            if not avgs:
+                return False
+            for a in avgs:
+                x = a.this
+                a.replace(exp.Div(this=exp.Mul(this=exp.Sum(this=x.copy()), expression=exp.Literal.number("1.0")),
+                                  expression=exp.Count(this=x.copy())))
+        yield "avg_as_sum_over_count", edited(avg_as_ratio)
+        if tree.args.get("order") is not None:
+            yield "order_removed", edited(lambda t: t.set("order", None))
+
+            def reverse_order(t):
+                for o in t.args["order"].expressions:
+                    o.set("desc", not o.args.get("desc"))
+            yield "order_reversed", edited(reverse_order)
+        if tree.args.get("limit") is not None:
+            def longer(t):
+                n = t.args["limit"].expression
+                if not (isinstance(n, exp.Literal) and n.is_int):
+                    return False
+                t.args["limit"].set("expression", exp.Literal.number(int(n.this) + 1))
+            yield "limit_plus_one", edited(longer)
+    yield "rows_doubled", f"SELECT * FROM ({gold}) UNION ALL SELECT * FROM ({gold})"
+    spaced = gold.replace(">=", "> =").replace("<=", "< =").replace("!=", "! =")
+    if spaced != gold:
+        yield "spaced_operators", spaced
+    yield "second_statement", gold + "; SELECT 1"
+
+
+def measure_sql(questions: list[dict], db: Path, official_dir: Path, show: int = 10) -> dict:
+    """Agreement counts of the recipe's ``execution_match`` with test-suite's ``eval_exec_match``, per
+    mode and per perturbation kind, over :func:`sql_cases` of every question."""
+    import importlib
+    import shutil
+    import tempfile
+
+    from recipe.mrtpo.tasks.text_to_sql import score
+
+    sys.path.insert(0, str(official_dir))
+    exec_eval = importlib.import_module("exec_eval")
+    by_mode: dict[str, Counter] = defaultdict(Counter)
+    by_kind: dict[str, Counter] = defaultdict(Counter)
+    examples: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        db_copy = Path(tmp) / "db.sqlite"
+        shutil.copyfile(db, db_copy)
+        for q in questions:
+            gold = q["gold_sql"]
+            for kind, pred in sql_cases(gold):
+                if pred is None:
+                    continue
+                response = f"```sql\n{pred}\n```"
+                for mode in ("keep_distinct", "spider_default"):
+                    ours = score(response, {"db_path": str(db_copy), "gold_sql": gold},
+                                 {"sql_mode": mode, "sql_timeout_s": 60}).scores["execution_match"] == 1.0
+                    theirs = bool(exec_eval.eval_exec_match(str(db_copy), pred, gold, plug_value=False,
+                                                            keep_distinct=mode == "keep_distinct",
+                                                            progress_bar_for_each_datapoint=False))
+                    for c in (by_mode[mode], by_kind[f"{mode}/{kind}"]):
+                        c["n"] += 1
+                        c["agree"] += ours == theirs
+                        c["official_valid"] += theirs
+                        c["recipe_valid"] += ours
+                    if ours != theirs and len(examples) < show:
+                        examples.append({"id": q.get("id"), "mode": mode, "kind": kind, "recipe": ours,
+                                         "official": theirs, "pred": pred[:300]})
+    return {"by_mode": {k: dict(v) for k, v in sorted(by_mode.items())},
+            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+            "result_eq_random_pairs": measure_result_eq(exec_eval), "disagreements": examples}
+
+
+_FUZZ_VALUES = (None, 0, 1, 1.0, 10, 2, 2.0, 0.1 + 0.2, 0.3, "1", "a", "b", "10", 1.234567890123, 1.2345678901234,
+                b"a", -1, 3)
+
+
+def measure_result_eq(exec_eval, n: int = 20_000, seed: int = 0) -> dict:
+    """The recipe's ``results_match`` against test-suite's ``result_eq`` on ``n`` random pairs of results
+    (the gold with its columns and rows permuted, values changed or rows repeated, or unrelated rows;
+    ints, integral floats, float noise, text, blobs, NULL; ordered and not)."""
+    import random
+
+    from recipe.mrtpo.tasks.sql_compare import results_match
+
+    rng = random.Random(seed)
+    c: Counter = Counter()
+    for _ in range(n):
+        width, height = rng.randint(1, 5), rng.randint(0, 5)
+        pool = _FUZZ_VALUES[:rng.randint(3, len(_FUZZ_VALUES))]
+        gold = [tuple(rng.choice(pool) for _ in range(width)) for _ in range(height)]
+        if rng.random() < 0.4:
+            perm = rng.sample(range(width), width)
+            pred = [tuple(r[i] for i in perm) for r in gold]
+            if rng.random() < 0.5:
+                rng.shuffle(pred)
+            if pred and rng.random() < 0.4:
+                row = list(pred[rng.randrange(len(pred))])
+                row[rng.randrange(width)] = rng.choice(_FUZZ_VALUES)
+                pred[rng.randrange(len(pred))] = tuple(row)
+            if pred and rng.random() < 0.2:
+                pred[-1] = pred[0]
+        else:
+            rows = height if rng.random() < 0.8 else rng.randint(0, 5)
+            pred = [tuple(rng.choice(_FUZZ_VALUES[:6]) for _ in range(width)) for _ in range(rows)]
+        ordered = rng.random() < 0.4
+        theirs = bool(exec_eval.result_eq(gold, pred, order_matters=ordered))
+        ours = results_match(pred, gold, ordered)[0]
+        c["n"] += 1
+        c["agree"] += ours == theirs
+        c["official_valid"] += theirs
+        c["recipe_valid"] += ours
+    return dict(c)
+
+
 def _line(name: str, c: dict) -> str:
-    return (f"{name:28s} {c['n']:7d} {c['agree'] / max(1, c['n']):9.4f} {c['n'] - c['agree']:8d} "
+    return (f"{name:44s} {c['n']:7d} {c['agree'] / max(1, c['n']):9.4f} {c['n'] - c['agree']:8d} "
             f"{c['official_valid']:9d} {c['recipe_valid']:9d}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.mrtpo.tools.eval.agreement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("task", choices=["bfcl"])
+    ap.add_argument("task", choices=["bfcl", "sql"])
     ap.add_argument("--parquet", type=Path, default=None, help="built BFCL parquet (default: build from --bfcl-dir)")
     ap.add_argument("--bfcl-dir", type=Path, default=None)
+    ap.add_argument("--test-suite-dir", type=Path, default=None, help="sql: a checkout of test-suite-sql-eval")
+    ap.add_argument("--questions", type=Path, default=None, help="sql: JSON lines with gold_sql (default: Chinook's)")
+    ap.add_argument("--db", type=Path, default=None, help="sql: the SQLite file (default: the Chinook database)")
     ap.add_argument("--show", type=int, default=10, help="disagreements printed")
     ap.add_argument("--out", type=Path, default=None, help="write the counts as JSON")
     args = ap.parse_args(argv)
-    result = measure_bfcl(_rows_from(args.parquet, args.bfcl_dir), args.show)
-    print(f"{'':28s} {'cases':>7s} {'agree':>9s} {'differ':>8s} {'official':>9s} {'recipe':>9s}")
-    print(_line("total", result["total"]))
-    for k, c in result["by_category"].items():
+    print(f"{'':44s} {'cases':>7s} {'agree':>9s} {'differ':>8s} {'official':>9s} {'recipe':>9s}")
+    if args.task == "sql":
+        if args.test_suite_dir is None:
+            ap.error("sql needs --test-suite-dir (a checkout of test-suite-sql-eval)")
+        from data_prep.chinook_db import ensure_chinook_db
+
+        qpath = args.questions or Path(__file__).resolve().parents[4] / "data_prep" / "chinook_questions.jsonl"
+        questions = [json.loads(line) for line in qpath.read_text().splitlines() if line.strip()]
+        result = measure_sql(questions, args.db or ensure_chinook_db(), args.test_suite_dir, args.show)
+        groups = {**result["by_mode"], **{"  " + k: v for k, v in result["by_kind"].items()},
+                  "result_eq, random pairs": result["result_eq_random_pairs"]}
+    else:
+        result = measure_bfcl(_rows_from(args.parquet, args.bfcl_dir), args.show)
+        groups = {"total": result["total"], **result["by_category"],
+                  **{"  " + k: v for k, v in result["by_kind"].items()}}
+    for k, c in groups.items():
         print(_line(k, c))
-    for k, c in result["by_kind"].items():
-        print(_line("  " + k, c))
     for e in result["disagreements"]:
         print(json.dumps(e, ensure_ascii=False))
     if args.out:
