@@ -1,6 +1,7 @@
 """Benchmark: replay time / old_log_prob time against the number of prompt variants, side by side.
 
     python benchmarks/bench_replay.py [--configs tiny larger] [--variants 2 3 5] [--rows 8]
+    python benchmarks/bench_replay.py --mix [--mix-lengths 64 128 ... 2048] [--no-compile-js]
 
 For each model config (the CPU tests' tiny Qwen2, and a larger random Qwen2: hidden 512, 8 layers,
 real 151,936 vocabulary) and the same batch of ``--rows`` responses, it times in one process:
@@ -14,6 +15,13 @@ real 151,936 vocabulary) and the same batch of ``--rows`` responses, it times in
 It prints ``replay / old_log_prob`` and that ratio divided by NV (the cost per variant relative to
 one log-prob pass). Goal (README, "Performance"): ratio <= 1.1 x NV, i.e. the JS costs little beyond the
 forwards. Run from the repository root with the recipe installed (``pip install -e .``).
+
+``--mix``: the batch users run, one row per response length from 64 to 2048 tokens in the same batch,
+on the larger model with ``compile_js`` (as ``mrtpo.compile_js=True``). Both passes pack rows into
+forwards by the same token budget (``--token-budget``, verl's ``log_prob_max_token_len_per_gpu``):
+old_log_prob one [prompt | response] per row, the replay NV per row (P_all + NV - 1 P_minus_k, each its
+own prompt followed by the row's own response). It prints both side by side and ends with
+``mix: replay / (variants x old_log_prob) = X``; goal X <= 1.15.
 """
 
 from __future__ import annotations
@@ -105,6 +113,92 @@ def bench_config(name: str, tok_dir: str, g: torch.Generator, args) -> int:
     return V
 
 
+MIX_LENGTHS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
+
+
+def mix_batch(lengths, prompt_len: int, nv: int, g: torch.Generator):
+    """Rows sorted by response length: P_all and NV - 1 variants (one 16-token sentence removed each,
+    left-padded [R, NV, P]), responses right-padded [R, T], and their masks."""
+    R, T, P = len(lengths), max(lengths), prompt_len
+    prompts = torch.randint(0, 150_000, (R, P), generator=g)
+    responses = torch.randint(0, 150_000, (R, T), generator=g)
+    mask = torch.zeros(R, T, dtype=torch.long)
+    for r, n in enumerate(sorted(lengths)):
+        mask[r, :n] = 1
+    var = torch.zeros(R, nv, P, dtype=torch.long)
+    lens = torch.zeros(R, nv, dtype=torch.long)
+    for j in range(nv):
+        L = P - 16 * min(j, 1)
+        keep = torch.cat([prompts[:, : 16 * (j - 1)], prompts[:, 16 * j :]], 1) if j else prompts
+        var[:, j, P - L :] = keep[:, :L]
+        lens[:, j] = L
+    pair = torch.arange(1, nv).expand(R, nv - 1).clone()
+    return var, lens, responses, mask, pair
+
+
+def old_log_prob_packed(fwd, prompts: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor, budget: int) -> torch.Tensor:
+    """verl's compute_log_prob on these rows: [prompt | response] per row, rows packed into forwards of at
+    most ``budget`` padded tokens (dynamic batch size), log-probs of each row's response tokens."""
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    R, P = prompts.shape
+    n = mask.sum(-1).tolist()
+    out = torch.zeros(mask.shape)
+    r = 0
+    while r < R:
+        rows = [r]
+        while r + len(rows) < R and (len(rows) + 1) * (P + n[r + len(rows)]) <= budget:
+            rows.append(r + len(rows))
+        T = max(n[i] for i in rows)
+        ids = torch.zeros(len(rows), P + T, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for b, i in enumerate(rows):  # left-padded so that every response ends at the last position
+            ids[b, T - n[i] :] = torch.cat([prompts[i], responses[i, : n[i]]])
+            attn[b, T - n[i] :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = fwd(ids, attn, pos, T + 1)[:, :T]
+        for b, i in enumerate(rows):
+            out[i, : n[i]] = logprobs_from_logits(logits[b, T - n[i] :].float(), responses[i, : n[i]])
+        del logits
+        r += len(rows)
+    return out
+
+
+def bench_mix(args) -> float:
+    """The --mix run (module docstring); returns X = replay / (NV x old_log_prob)."""
+    from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+
+    g = torch.Generator().manual_seed(0)
+    nv, budget, lengths = args.mix_variants, args.token_budget, sorted(args.mix_lengths)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, model = build(args.mix_config, tmp)
+    fwd = hf_forward(model)
+    var, lens, responses, mask, pair = mix_batch(lengths, args.prompt_len, nv, g)
+    p_all = var[:, 0]
+
+    def olp():
+        with torch.no_grad():
+            return old_log_prob_packed(fwd, p_all, responses, mask, budget)
+
+    def replay():
+        with torch.no_grad():
+            return replay_relevance(fwd, var, lens, responses, mask, pair, micro_batch_size=nv, token_budget=budget,
+                                    compiled_js=args.compile_js)
+
+    t0 = time.perf_counter()
+    replay()  # the first replay compiles the JS kernel (once per process)
+    first = time.perf_counter() - t0
+    t_olp, t_rep = timed(olp, args.repeats), timed(replay, args.repeats)
+    x = t_rep / (nv * t_olp)
+    print(f"threads={torch.get_num_threads()} config={args.mix_config} rows={len(lengths)} prompt={args.prompt_len} "
+          f"responses={lengths} tokens={sum(lengths)} NV={nv} token_budget={budget} compile_js={args.compile_js} (fp32, CPU)")
+    print(f"{'old_log_prob':>12} | {'x NV':>9} | {'replay':>9} | {'first replay':>12}")
+    print(f"{t_olp * 1e3:10.0f}ms | {nv * t_olp * 1e3:7.0f}ms | {t_rep * 1e3:7.0f}ms | {first * 1e3:10.0f}ms")
+    print(f"(best of {args.repeats}; first replay includes compiling the JS; goal X <= 1.15)")
+    print(f"mix: replay / (variants x old_log_prob) = {x:.2f}")
+    return x
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["tiny", "larger"], choices=sorted(CONFIGS))
@@ -113,7 +207,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=96)
     ap.add_argument("--response-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--mix", action="store_true", help="the mixed-length batch (module docstring)")
+    ap.add_argument("--mix-config", default="larger", choices=sorted(CONFIGS))
+    ap.add_argument("--mix-lengths", nargs="+", type=int, default=list(MIX_LENGTHS))
+    ap.add_argument("--mix-variants", type=int, default=3, help="NV: P_all + NV - 1 variants per row")
+    ap.add_argument("--token-budget", type=int, default=4096, help="padded tokens per forward (both passes)")
+    ap.add_argument("--no-compile-js", dest="compile_js", action="store_false")
     args = ap.parse_args(argv)
+    if args.mix:
+        bench_mix(args)
+        return
 
     print(f"threads={torch.get_num_threads()} rows={args.rows} prompt={args.prompt_len} response={args.response_len} (fp32, CPU)")
     print(f"{'config':>7} | {'old_log_prob':>12} | {'NV':>3} | {'replay':>9} | {'replay/olp':>10} | {'/NV':>6}")

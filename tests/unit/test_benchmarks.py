@@ -1,4 +1,4 @@
-"""The two benchmarks run at a tiny size on CPU and print their tables with the ratio columns.
+"""The benchmarks run at a tiny size on CPU and print their tables with the ratio columns.
 
 Only the shape of the output is checked (one row per size, finite positive ratios); timings depend on the
 machine and are not asserted. The full-size runs and their figures are in the README ("Performance").
@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_relevance, bench_replay
+from benchmarks import bench_plan, bench_relevance, bench_replay
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def test_bench_replay_prints_a_row_of_ratios_per_variant_count(capsys):
     assert out[-1].startswith("(best of 1; V = 151936;")
 
 
-@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py"])
+@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py"])
 def test_benchmarks_run_as_scripts_from_the_repo_root(script):
     # the recipe installed (``pip install -e .``) is stood in for by PYTHONPATH
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -66,3 +67,64 @@ def test_benchmarks_run_as_scripts_from_the_repo_root(script):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"python benchmarks/{script}" in res.stdout
+
+
+def test_bench_replay_mix_prints_both_passes_and_the_ratio_line(capsys):
+    bench_replay.main(["--mix", "--mix-config", "tiny", "--mix-lengths", "24", "8", "40", "--prompt-len", "24",
+                       "--token-budget", "96", "--repeats", "1", "--no-compile-js"])
+    out = capsys.readouterr().out.splitlines()
+    assert "responses=[8, 24, 40]" in out[0] and "NV=3" in out[0] and "compile_js=False" in out[0]
+    header = next(i for i, line in enumerate(out) if "old_log_prob" in line and "replay" in line)
+    olp, x_nv, replay, first = (float(c.rstrip("ms")) for c in _cells(out[header + 1]))
+    assert x_nv == pytest.approx(3 * olp, abs=2) and replay > 0 and first > 0
+    last = re.fullmatch(r"mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])
+    assert last, out[-1]
+    assert float(last.group(1)) == pytest.approx(replay / x_nv, abs=0.02)
+
+
+def test_bench_plan_times_the_plan_with_and_without_the_render_cache(capsys):
+    bench_plan.main(["--prompts", "3", "--n", "2", "--repeats", "1"])
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.lstrip().startswith("mix |"))
+    rows = {r[0]: r for r in (_cells(line) for line in out[header + 1:]) if r[0] in ("if", "mixed")}
+    assert set(rows) == {"if", "mixed"}
+    for r in rows.values():
+        assert int(r[1]) == 6 and int(r[2]) == 5
+        renders, distinct = int(r[5]), int(r[6])
+        assert 0 < distinct < renders  # a group's samples share their renders
+        _ratio(r[7].rstrip("s")), _ratio(r[8].rstrip("s"))
+    assert int(rows["if"][6]) <= 3 * 6  # prompt-placed Z: P_all + 5 variants per prompt, whatever n
+    assert re.fullmatch(r"plan: 6 responses x 5 rewards: \d+\.\d\d s with CachedRender \(\d+\.\d\d s without\)", out[-1])
+
+
+BLOCK_HEAVY_IMPORTS = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("verl", "ray", "vllm", "hydra"):
+            raise ImportError(f"{name} is not on the GPU benchmark machine")
+sys.meta_path.insert(0, Block())
+sys.argv = ["gpu_replay.py", *sys.argv[1:]]
+runpy.run_path(%r, run_name="__main__")
+"""
+
+
+def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only(tmp_path):
+    """The 7B GPU benchmark at a tiny shape, with verl, Ray, vLLM and Hydra made unimportable (the GPU machine has
+    the repository tree, torch and transformers only); run from outside the repository."""
+    script = BLOCK_HEAVY_IMPORTS % str(REPO / "benchmarks" / "gpu_replay.py")
+    args = ["--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--intermediate", "128", "--vocab", "1000", "--lengths", "8", "16", "--rows", "2", "--prompt-len", "16",
+            "--mix-lengths", "4", "8", "24", "--repeats", "1", "--no-compile-js"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    assert "vocab 1000" in out[0] and "dtype=fp32" in out[0]
+    header = next(i for i, line in enumerate(out) if "rep/(NV x olp)" in line)
+    rows = [_cells(line) for line in out[header + 1:] if "|" in line]
+    assert [r[0] for r in rows] == ["8", "16", "mix"] and [int(r[2]) for r in rows] == [16, 32, 36]
+    for r in rows:
+        _ratio(r[6])
+    m = re.fullmatch(r"gpu mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])
+    assert m and float(m.group(1)) == pytest.approx(float(rows[-1][6]), abs=0.01)
