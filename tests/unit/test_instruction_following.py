@@ -662,7 +662,7 @@ def test_nltk_data_is_found_offline_without_download():
 def test_hostile_corpus_never_crashes(monkeypatch):
     # Long degenerate texts: stopped and counted. A short limit keeps the test quick; a killed worker is
     # replaced by a fork of the preloaded forkserver, so the many timeouts cost little more than the limit.
-    monkeypatch.setenv("MRTPO_IF_CHECK_TIMEOUT_S", "0.25")
+    monkeypatch.setenv("MRTPO_IF_CHECK_TIMEOUT_S", "0.1")
     corpus = _load_corpus()
     assert len(corpus) >= 200
     ids = list(IF.SUPPORTED_IDS)
