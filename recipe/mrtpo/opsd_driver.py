@@ -23,7 +23,7 @@ import torch
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
 from recipe.mrtpo.core.opsd import sequence_teacher_fields, topk_mass
-from recipe.mrtpo.core.prompt_variants import build_sample_variants
+from recipe.mrtpo.core.prompt_variants import CachedRender, build_sample_variants
 from recipe.mrtpo.reward_extras import RewardTable
 
 # dispatch(inputs: {"prompt_ids" [R', P], "prompt_lens" [R'], "responses" [R', T], "response_mask" [R', T]}, settings)
@@ -65,6 +65,7 @@ def teacher_prompts(
     """
     prompts: list[list[int]] = []
     reasons: list[Optional[str]] = []
+    render = CachedRender(render)  # one render per distinct prompt of the batch (a group shares its prompt)
     for i, ctx in enumerate(contexts):
         ctx = dict(ctx or {})
         reason = "no_contexts" if not ctx else None
