@@ -310,3 +310,32 @@ def test_the_report_places_opsd_among_the_baselines():
 
     assert parse_run_name("qwen2.5-coder-7b-instruct_text2sql_opsd_seed1")["method"] == "opsd"  # the run scripts' names
     assert method_sort(["mrtpo", "zeta", "opsd", "shuffle", "grpo", "gdpo", "cort"]) == ["grpo", "gdpo", "cort", "opsd", "shuffle", "mrtpo", "zeta"]
+
+
+def test_single_token_teacher_through_verls_estimator_loss():
+    """The [L_i, 1] teacher of the estimators, read by verl's own k3 loss at the response (student log-probs over
+    the whole sequence, as the actor's forward hands them over)."""
+    from verl.trainer.distillation.losses import compute_distillation_loss_reverse_kl_estimator
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    from recipe.mrtpo.opsd_loss import build_distillation_config
+
+    g = torch.Generator().manual_seed(5)
+    prompt_lens, resp_lens = [3, 5], [4, 2]
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    student_seq = [-torch.rand(p + n, generator=g) * 3 for p, n in zip(prompt_lens, resp_lens)]  # log p_S(x_{j+1}) at row j
+    student_resp = [s[p - 1 : p - 1 + n] for s, p, n in zip(student_seq, prompt_lens, resp_lens)]
+    data = TensorDict({"prompts": nested([torch.zeros(p, dtype=torch.long) for p in prompt_lens]),
+                       "responses": nested([torch.zeros(n, dtype=torch.long) for n in resp_lens]),
+                       "response_mask": nested([torch.ones(n, dtype=torch.long) for n in resp_lens])}, batch_size=[2])
+    cfg = build_distillation_config(distillation_loss_settings(mrtpo_config({"mode": "opsd", "opsd_loss_mode": "k3"}), {}))
+    for shift in (0.0, 0.7):
+        teacher_resp = [s + shift for s in student_resp]
+        f = [sequence_teacher_fields(t.unsqueeze(-1), torch.zeros(n, 1, dtype=torch.long), p, n)
+             for t, p, n in zip(teacher_resp, prompt_lens, resp_lens)]
+        data["teacher_logprobs"] = nested([x[0] for x in f])
+        losses, _ = compute_distillation_loss_reverse_kl_estimator(None, cfg, {"log_probs": nested(student_seq)}, data)
+        for i, n in enumerate(resp_lens):
+            want = kl_penalty(student_resp[i], teacher_resp[i], kl_penalty="k3")
+            assert torch.allclose(losses[i, :n], want, atol=1e-6)
+        assert (float(losses.abs().max()) < 1e-7) is (shift == 0.0)
