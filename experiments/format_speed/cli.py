@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.8, help="format level for steps-to-threshold (default 0.8)")
     ap.add_argument("--window", type=int, default=3, help="batches in the running mean (default 3)")
     ap.add_argument("--after", type=int, default=10, help="report the format rate after this many updates (default 10)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-4,
+                    help="RL learning rate (default 3e-4; 1e-3 broke every response's JSON within 2 updates in the pilot)")
     ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--warmup", type=int, default=1, help="mrtpo.warmup_steps (default 1: step 1 is GDPO)")
     ap.add_argument("--p-format", type=float, default=0.3, help="chance that a demonstration's frame is right")
@@ -50,6 +52,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     out = args.out.resolve()
     t0 = time.monotonic()
+    # a stop (SIGTERM, or SIGINT in a background job, which ignores it by default) unwinds through
+    # run_cpu, whose cleanup kills the verl run's whole process tree
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def log(msg: str) -> None:
         print(msg, flush=True)

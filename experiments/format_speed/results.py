@@ -42,10 +42,14 @@ def load_run(run_dir: Path, method: str, threshold: float, window: int, after_st
     """One run's entry (``None`` when it has no ``result.json``): ok, wall time, curves and, for the replay
     methods, the per-step diagnostic records of its relevance dumps."""
     res_path = run_dir / "result.json"
-    if not res_path.is_file():
+    if res_path.is_file():
+        res = json.loads(res_path.read_text())
+    elif (run_dir / "main_mrtpo.log").is_file():  # stopped before it finished: shown apart, never in the table
+        res = {"ok": False, "unfinished": True}
+    else:
         return None
-    res = json.loads(res_path.read_text())
-    entry = {"ok": bool(res.get("ok")), "wall_s": res.get("wall_s"), "curves": {}, "diagnostic": None}
+    entry = {"ok": bool(res.get("ok")), "unfinished": bool(res.get("unfinished")), "wall_s": res.get("wall_s"),
+             "curves": {}, "diagnostic": None}
     log_path = run_dir / Path(res.get("log") or "main_mrtpo.log").name
     if log_path.is_file():
         entry["curves"] = run_curves(log_path.read_text(errors="replace"), threshold, window, after_steps)
@@ -120,8 +124,34 @@ def _reach_cell(rc: dict) -> str:
     return cell + (f" ({rc['k']}/{rc['n']}; ≥{rc['censored_mean']:.1f} over all)" if rc["k"] < rc["n"] else "")
 
 
+def render_unfinished(per_run: dict) -> list[str]:
+    """Lines on the runs that stopped before their last step: their per-step rewards and diagnostic."""
+    rows = [(k, e) for k, e in sorted(per_run.items()) if e.get("unfinished") or not e["ok"]]
+    if not rows:
+        return []
+    lines = ["", "Runs that did not finish (left out of the tables above; per step: format / correctness batch means):", ""]
+    for (method, seed), e in rows:
+        f = e["curves"].get(FORMAT, {}).get("series", {})
+        c = e["curves"].get(CORRECTNESS, {}).get("series", {})
+        per_step = ", ".join(f"step {k}: {f[k]:.2f} / {c.get(k, float('nan')):.2f}" for k in sorted(f))
+        lines.append(f"- {method} seed {seed} ({'stopped' if e.get('unfinished') else 'failed'}): {per_step or 'no step logged'}")
+        d = e.get("diagnostic")
+        if d and d["responses"]:
+            def pct(v):
+                return "–" if v is None else f"{100 * v:.0f}%"
+
+            lines.append(f"  - dumps: {d['responses']} responses with a decodable call; q_format on tag tokens "
+                         f"{pct(d['q_format_on_tag'])} (their share {pct(d['tag_share'])}), on the argument "
+                         f"{pct(d['q_format_on_arg'])}; q_correctness on the argument {pct(d['q_correctness_on_arg'])} "
+                         f"(its share {pct(d['arg_share'])}), on tag tokens {pct(d['q_correctness_on_tag'])}; tag tokens "
+                         f"with A_format's sign: GDPO {pct(d['gdpo_agree'])}, MRTPO {pct(d['mrtpo_agree'])} "
+                         f"({d['with_format_advantage']} responses); in the {d['conflicts']} conflicts: GDPO "
+                         f"{pct(d['conflict']['gdpo_agree'])}, MRTPO {pct(d['conflict']['mrtpo_agree'])}")
+    return lines
+
+
 def render_results(table: dict, threshold: float, window: int, after_steps: int, steps: int, sft: dict,
-                   wall: dict) -> str:
+                   wall: dict, unfinished: Optional[list[str]] = None) -> str:
     lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)", ""]
     if sft:
         lines += ["The warm start every run starts from (held-out prompts, 4 samples each at T=1, scored by the "
@@ -140,15 +170,15 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             f"{_fmt(row['format_start'])} → {_fmt(row['format_final'])}",
             f"{_fmt(row['correctness_start'])} → {_fmt(row['correctness_final'])}", _fmt(row["correctness_gain"], digits=3),
         ]) + " |")
-    lines += ["", "Steps to format per seed (running mean of the last "
-              f"{window} batches; – = not reached in {steps} steps):", "",
-              "| method | " + " | ".join(f"seed {s}" for s in sorted({int(s) for r in table.values() for s in r["reach"]["per_seed"]})) + " |"]
     all_seeds = sorted({int(s) for r in table.values() for s in r["reach"]["per_seed"]})
-    lines.append("| --- |" + " ---: |" * len(all_seeds))
-    for method, row in table.items():
-        ps = row["reach"]["per_seed"]
-        lines.append(f"| {method} | " + " | ".join(
-            ("–" if ps.get(str(s)) is None else str(ps[str(s)])) if str(s) in ps else "" for s in all_seeds) + " |")
+    if all_seeds:
+        lines += ["", "Steps to format per seed (running mean of the last "
+                  f"{window} batches; – = not reached in {steps} steps):", "",
+                  "| method | " + " | ".join(f"seed {s}" for s in all_seeds) + " |", "| --- |" + " ---: |" * len(all_seeds)]
+        for method, row in table.items():
+            ps = row["reach"]["per_seed"]
+            lines.append(f"| {method} | " + " | ".join(
+                ("–" if ps.get(str(s)) is None else str(ps[str(s)])) if str(s) in ps else "" for s in all_seeds) + " |")
     diag = [(m, r["diagnostic"]) for m, r in table.items() if r.get("diagnostic")]
     if diag:
         lines += ["", "Localisation of the replay (relevance dumps of every step, all 16 responses; mean ± std over seeds):", "",
@@ -168,6 +198,7 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             lines.append(f"| {m} | {d['with_format_advantage']} | {d['conflicts']} | {_fmt(d['gdpo_agree'], True)} | "
                          f"{_fmt(d['mrtpo_agree'], True)} | {_fmt(c['gdpo_agree'], True)} | {_fmt(c['mrtpo_agree'], True)} | "
                          f"{_fmt(d['gdpo_signed'])} | {_fmt(d['mrtpo_signed'])} | {_fmt(c['gdpo_signed'])} | {_fmt(c['mrtpo_signed'])} |")
+    lines += unfinished or []
     if wall:
         total = sum(v for v in wall.values() if v)
         lines += ["", f"Wall time of the verl runs: {total / 60:.0f} min in all ({len(wall)} runs, "
@@ -208,6 +239,11 @@ def plot_curves(per_run: dict, methods: Sequence[str], seeds: Sequence[int], thr
                 hi.append(m + (sd or 0.0))
             line = ax.plot(steps, mean, label=f"{method} ({len(series)} seeds)")[0]
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.12)
+        for (method, seed), e in sorted(per_run.items()):  # stopped runs: dashed, each seed alone
+            if not e["ok"] and method in methods and reward in e["curves"]:
+                ser = e["curves"][reward]["series"]
+                ax.plot(sorted(ser), [ser[k] for k in sorted(ser)], ls="--", marker="o", ms=3,
+                        label=f"{method} seed {seed} (did not finish)")
         if reward == FORMAT:
             ax.axhline(threshold, color="0.4", ls="--", lw=1)
         ax.set_title(f"{reward} (batch mean; mean ± std over seeds)", fontsize=9)
@@ -256,7 +292,7 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
             if entry is not None:
                 per_run[(method, seed)] = entry
     if not per_run:
-        raise ExperimentError(f"no finished runs under {out / 'runs'}")
+        raise ExperimentError(f"no runs under {out / 'runs'}")
     table = build_table(per_run, methods, seeds, steps)
     sft = {}
     p = out / "warm_start" / "sft_model" / "sft_meta.json"
@@ -264,7 +300,7 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
         meta = json.loads(p.read_text())
         sft[str(meta.get("seed", 0))] = meta
     wall = {f"{m}_seed{s}": e["wall_s"] for (m, s), e in per_run.items() if e["ok"]}
-    md = render_results(table, threshold, window, after_steps, steps, sft, wall)
+    md = render_results(table, threshold, window, after_steps, steps, sft, wall, render_unfinished(per_run))
     (out / "results.md").write_text(md)
 
     def finite(o):

@@ -250,6 +250,8 @@ def test_analyse_builds_the_table_from_fake_runs(tmp_path):
     _fake_run(runs, "mrtpo", 0, [0.3, 0.8, 0.9, 1.0, 1.0], [0.7, 0.8, 0.8, 0.8, 0.8], dump)
     _fake_run(runs, "mrtpo", 1, [0.3, 0.9, 0.9, 1.0, 1.0], [0.7, 0.7, 0.7, 0.7, 0.7], dump)
     _fake_run(runs, "grpo", 0, [0.3] * 5, [0.7] * 5, ok=False)
+    _fake_run(runs, "grpo", 1, [0.25, 0.5], [0.5, 0.0], dump)
+    (runs / "grpo_seed1" / "result.json").unlink()  # stopped before it finished
     res = analyse(tmp_path, ["grpo", "gdpo", "mrtpo"], [0, 1], threshold=0.8, window=2, after_steps=3, steps=5, beta=0.5,
                   docs=tmp_path / "docs", log=lambda m: None)
     t = res["table"]
@@ -265,6 +267,8 @@ def test_analyse_builds_the_table_from_fake_runs(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| gdpo | 2 | 4.0 (1/2; ≥5.0 over all) |" in md and "| grpo | 0 | – |" in md
     assert "| mrtpo | 3 | 3 |" in md  # steps to format per seed
+    assert "- grpo seed 1 (stopped): step 1: 0.25 / 0.50, step 2: 0.50 / 0.00" in md and "- grpo seed 0 (failed)" in md
+    assert res["runs"]["grpo_seed1"]["unfinished"] and not res["runs"]["grpo_seed1"]["ok"]
     for name in ("results.md", "curves.png", "diagnostic.png"):
         assert (tmp_path / "docs" / name).is_file()
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
