@@ -13,8 +13,9 @@ keeps that layout (verl's balancing reorders rows to even out the ranks' tokens)
 all-gathers across both ranks; the run completes only because the ranks agree on the forward count
 before the first one (short ranks pad).
 
-Measured on the 2-core machine (other jobs running), 4 prompts x 4 responses: 4 steps in 326 s (the
-first logged at 248 s; steps 54, 26, 20, 26 s), peak PSS 13.5 GiB (summed RSS 17.4 GiB).
+Measured on the 2-core machine (other jobs running): 4 steps in 402 s (the first logged at 340 s, most of
+it start-up; steps 48, 19, 17, 20 s), peak PSS 13.1 GiB (summed RSS 16.9 GiB); real replay forwards of the
+two ranks at steps 2-4: 10/11, 7/8, 11/16 (1, 1 and 5 padding forwards).
 """
 
 from __future__ import annotations
