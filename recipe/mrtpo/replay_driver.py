@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
+from recipe.mrtpo.core.prompt_variants import rollout_prompt_variant
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.reward_extras import RewardTable
@@ -35,12 +36,13 @@ class ReplayResult:
     relevance: torch.Tensor  # [B, K, T] fp32, 0 where not replayed
     replayed: torch.Tensor  # [B, K] bool
     rows: list[int] = field(default_factory=list)  # sample index of each replayed row
-    replay_logprobs: Optional[torch.Tensor] = None  # [R, T]: log p(y_t | P_all) of the replayed rows
-    pall_is_rollout_prompt: list[bool] = field(default_factory=list)  # per replayed row
+    replay_logprobs: Optional[torch.Tensor] = None  # [R, T]: log p(y_t | the row's rollout-prompt variant, else P_all)
+    logprobs_are_rollout_prompt: list[bool] = field(default_factory=list)  # per replayed row
     metrics: dict = field(default_factory=dict)
 
     def consistency_metrics(self, response_mask: torch.Tensor, old_log_probs: Optional[torch.Tensor]) -> dict:
-        """Replay log p(y_t | P_all) against verl's old_log_probs on rows whose P_all is the rollout prompt.
+        """Replay log p(y_t | variant) against verl's old_log_probs on rows where that variant is the rollout
+        prompt (P_all for prompt-placed Z; the block-free P_minus_k when the only Z is appended, as tool calling's).
 
         Both are the same quantity from the same weights (the replay's forward and verl's), so the
         difference measures numerics only (fp32: < 1e-4; bf16: ~1e-2) and catches rows mapped to the
@@ -50,7 +52,7 @@ class ReplayResult:
             return {}
         diffs = []
         for r, i in enumerate(self.rows):
-            if r < len(self.pall_is_rollout_prompt) and self.pall_is_rollout_prompt[r]:
+            if r < len(self.logprobs_are_rollout_prompt) and self.logprobs_are_rollout_prompt[r]:
                 m = response_mask[i] > 0
                 diffs.append(float((self.replay_logprobs[r][m] - old_log_probs[i][m].float()).abs().max()))
         if not diffs:
@@ -86,12 +88,18 @@ def run_replay(
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
     result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows))
     result.metrics.update(plan.metrics())
-    result.pall_is_rollout_prompt = [
-        plan.inputs["variant_ids"][r, 0, -int(plan.inputs["variant_lens"][r, 0]):].tolist() == list(rollout_prompts[i])
-        for r, i in enumerate(plan.rows)
-    ]
+    # which forwarded variant of each row is the rollout prompt (P_all for prompt-placed Z, tool calling's
+    # P_minus_correctness when only the appended block differs): its log-probs are verl's old_log_probs
+    lp_variant = torch.zeros(len(plan.rows), dtype=torch.long)
+    for r, _i in enumerate(plan.rows):
+        lens, ids = plan.inputs["variant_lens"][r], plan.inputs["variant_ids"][r]
+        variants = [ids[j, ids.shape[-1] - int(lens[j]):].tolist() if int(lens[j]) else [] for j in range(lens.shape[0])]
+        v = rollout_prompt_variant(variants, rollout_prompts[_i])
+        forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
+        lp_variant[r] = v if v >= 0 and forwarded else 0
+        result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
     if plan.rows:
-        inputs, _ = pad_rows(plan.inputs, dp_size)
+        inputs, _ = pad_rows({**plan.inputs, "logprob_variant": lp_variant}, dp_size)
         settings = {
             "temperature": float(temperature),
             "measure": cfg.measure_for_replay,

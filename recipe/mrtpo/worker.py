@@ -47,7 +47,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict
     """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
 
     ``data``: the packed rows (``variant_ids``, ``variant_lens``, ``responses``, ``response_mask``,
-    ``pair_variant``) and the :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance``
+    ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance``
     [R, NV', T] in :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards),
     ``replay_logprobs`` [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 2]
     (this rank's own and agreed forward counts, the same on each of its rows).
@@ -73,6 +73,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict
         device=device,
         sync_forward_count=sync,
         compiled_js=bool(settings["compile_js"]),
+        logprob_variant=data["logprob_variant"].cpu() if "logprob_variant" in data.keys() else None,
     )
     R = data["pair_variant"].shape[0]
     counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)

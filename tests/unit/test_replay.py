@@ -102,6 +102,18 @@ def test_replay_matches_plain_forward_and_js(tiny):
     assert "the reference answer" in tok.decode(plan_b.variants[0])
     assert "the reference answer" not in tok.decode(plan_b.variants[plan_b.pair_variant["gold"]])
 
+    # row 1's P_minus_gold is the rollout prompt (its only Z is appended): its log-probs can be asked for
+    # instead of P_all's (the consistency check against old_log_probs on tool-calling-like rows)
+    v = plan_b.pair_variant["gold"]
+    assert plan_b.variants[v] == list(render(msgs))
+    with torch.no_grad():
+        outv = replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, temperature=0.9, micro_batch_size=2,
+                                logprob_variant=torch.tensor([0, v]))
+    ref_lp_v = torch.log_softmax(logits_for(plan_b.variants[v], 1) / 0.9, -1).gather(-1, responses[1:].unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(outv["replay_logprobs"][1][mask[1] > 0], ref_lp_v[0][mask[1] > 0], atol=1e-4)
+    assert torch.equal(outv["replay_logprobs"][0], out["replay_logprobs"][0])
+    assert torch.equal(outv["variant_relevance"], out["variant_relevance"])
+
 
 def test_forward_count_is_agreed_before_the_first_forward(tiny):
     _, model = tiny

@@ -112,3 +112,34 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
 
     m = forward_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2)
     assert m == {"mrtpo/replay_forwards_max": 3, "mrtpo/replay_forwards_min": 1, "mrtpo/replay_padding_forwards": 2}
+
+
+def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
+    """Tool-calling-like rows: the only Z is appended, so P_minus_k (no verifier block) is the rollout prompt;
+    the driver asks the workers for that variant's log-probs and marks the row for the consistency check."""
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.replay_driver import run_replay
+    from recipe.mrtpo.reward_extras import RewardTable
+
+    msgs = [{"role": "user", "content": "Call the tool."}]
+    ctx = {"correctness": {"text": "f(x=1)", "placement": "appended"}, "format": {"text": "Call the tool.", "placement": "prompt"}}
+    scores = torch.tensor([[1.0, 1.0], [0.0, 1.0]])  # correctness varies, format does not
+    T = 3
+    seen = {}
+
+    def dispatch(inputs, settings):
+        seen["lpv"] = inputs["logprob_variant"].tolist()
+        R, NV = inputs["variant_lens"].shape
+        return {"variant_relevance": torch.zeros(R, NV - 1, T), "replay_logprobs": torch.full((R, T), -1.0)}
+
+    table = RewardTable(names=["correctness", "format"], scores=scores, contexts=[ctx] * 2, errors=[""] * 2)
+    res = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
+                     torch.ones(2, T, dtype=torch.long), [render(msgs)] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
+    assert seen["lpv"] == [1, 1] and res.logprobs_are_rollout_prompt == [True, True]
+    m = res.consistency_metrics(torch.ones(2, T), torch.full((2, T), -1.0))
+    assert m == {"mrtpo/consistency/rows": 2, "mrtpo/consistency/max_abs_logprob_diff": 0.0}
+    # a rollout prompt that matches no variant: no consistency row
+    res2 = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
+                      torch.ones(2, T, dtype=torch.long), [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
+    assert seen["lpv"] == [0, 0] and res2.logprobs_are_rollout_prompt == [False, False]
+    assert res2.consistency_metrics(torch.ones(2, T), torch.zeros(2, T)) == {"mrtpo/consistency/rows": 0}

@@ -43,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from recipe.mrtpo.core.relevance import relevance_against_reference
+from recipe.mrtpo.core.relevance import relevance_against_reference, sampled_logprobs_from_logits
 
 # forward(input_ids [b, L], attention_mask [b, L], position_ids [b, L], keep: int) -> logits [b, keep, V]
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -181,6 +181,7 @@ def replay_relevance(
     sync_forward_count: Optional[Callable[[int], int]] = None,
     compiled_js: bool = False,
     resp_lens: Optional[torch.Tensor] = None,
+    logprob_variant: Optional[torch.Tensor] = None,
 ) -> dict[str, torch.Tensor]:
     """Replay every row's variants with its sampled response and measure their relevance (module docstring).
 
@@ -192,6 +193,9 @@ def replay_relevance(
             before any forward; None for a single process.
         compiled_js: the ``torch.compile``d JSD kernel (``mrtpo.compile_js``).
         resp_lens: [R] response positions that exist (default :func:`response_lengths` of the mask).
+        logprob_variant: [R] which variant's log-probs of the sampled tokens ``replay_logprobs`` holds
+            (default 0, P_all): the variant that is the rollout prompt, so that they can be checked against
+            verl's ``old_log_probs``. A variant that is not forwarded leaves the row's log-probs at 0.
 
     Returns:
         ``variant_relevance`` [R, max(NV - 1, 1), T] fp32, ``replay_logprobs`` [R, T] fp32, and the
@@ -208,6 +212,7 @@ def replay_relevance(
         raise RuntimeError(f"forward-count agreement returned {n_global} < this rank's {n_local}")
     variant_relevance = torch.zeros(R, max(NV - 1, 1), T, dtype=torch.float32)
     logprobs = torch.zeros(R, T, dtype=torch.float32)
+    lp_variant = [0] * R if logprob_variant is None else [int(v) for v in logprob_variant.tolist()]
     refs: dict[int, torch.Tensor] = {}  # row -> P_all's response logits [T_r, V] (own storage)
     for mb in batches:
         ids, attn, pos, keep = _micro_batch_inputs(mb, variant_ids, responses, pad_id)
@@ -228,10 +233,13 @@ def replay_relevance(
             q, lp = relevance_against_reference(
                 refs[r], resp, ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js
             )
-            if mb[i].variant == 0:
+            if mb[i].variant == 0 and lp_variant[r] == 0:
                 logprobs[r, :n_resp] = lp.cpu()
             for jl, s in enumerate(mb[first:j]):
                 variant_relevance[r, s.variant - 1, :n_resp] = q[jl].cpu()
+                if s.variant == lp_variant[r]:
+                    lpv = sampled_logprobs_from_logits(resp[jl : jl + 1], ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size)
+                    logprobs[r, :n_resp] = lpv[0].cpu()
             if mb[j - 1].last_of_row:
                 del refs[r]
             del resp, q, lp
