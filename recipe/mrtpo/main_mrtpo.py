@@ -31,7 +31,7 @@ def check_config(config) -> None:
     """Refuse, before Ray starts, every composed configuration the recipe cannot run, saying what to change."""
     if not config.trainer.use_v1:
         raise ValueError("the MRTPO recipe runs on verl's v1 trainer (trainer.use_v1=True)")
-    mrtpo_config(config.get("mrtpo", None))  # types and ranges of every mrtpo.* knob
+    cfg = mrtpo_config(config.get("mrtpo", None))  # types and ranges of every mrtpo.* knob
     est = str(config.algorithm.adv_estimator)
     if est in RECIPE_ESTIMATORS and config.algorithm.use_kl_in_reward:
         raise ValueError(
@@ -41,8 +41,12 @@ def check_config(config) -> None:
         )
     if est in RECIPE_ESTIMATORS and not config.algorithm.get("norm_adv_by_std_in_grpo", True):
         raise ValueError(f"adv_estimator={est} normalises each reward by its group std (GDPO): norm_adv_by_std_in_grpo=False is not supported")
-    if est == "mrtpo" and mrtpo_config(config.get("mrtpo", None)).replay:
+    if est == "mrtpo" and cfg.replay and cfg.mode != "opsd":
         check_replay_settings(config)
+    if cfg.mode == "opsd":
+        from recipe.mrtpo.opsd_step import check_opsd_settings
+
+        check_opsd_settings(config)
 
 
 def _get(config, dotted: str, default=None):

@@ -184,3 +184,14 @@ def test_use_remove_padding_leaves_the_replay_forward_unchanged(monkeypatch):
     packed = _packed_old_log_probs(model, seqs, [int(lens[r, 0]) for r in range(R)])
     for r in range(R):
         assert torch.allclose(after["replay_logprobs"][r, : resp_lens[r]], packed[r], atol=1e-4), r
+
+
+def test_opsd_settings_are_refused_before_ray():
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    base = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd")
+    check_config(compose_cfg(*base))
+    for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
+                     ("distillation.enabled=True", "distillation.enabled=False")):
+        with pytest.raises(ValueError, match=msg):
+            check_config(compose_cfg(*base, bad))
