@@ -69,6 +69,7 @@ DATA_SOURCES = (
     "ifbench",
     "bfcl",
     "tool_calling",
+    "toolrl",
 )
 
 PARQUET_COMPRESSION = "zstd"

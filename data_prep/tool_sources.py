@@ -115,10 +115,7 @@ def toolrl_row(instruction: str, user: str, answer: str, tools: list, rid: str) 
     want = CORRECT_MAX if calls else 0.0
     if result.scores["format"] != FORMAT_MAX or abs(result.scores["correctness"] - want) > 1e-9:
         raise Skip("gold answer fails the verifier", f"{result.scores}")
-    row = make_row("tool_calling", [{"role": "system", "content": instruction}, {"role": "user", "content": user}],
-                   ABILITY, gt, extra)
-    row["data_source"] = "toolrl"  # common.DATA_SOURCES predates the task; the row shape is the same
-    return row
+    return make_row("toolrl", [{"role": "system", "content": instruction}, {"role": "user", "content": user}], ABILITY, gt, extra)
 
 
 def _format_block(instruction: str) -> str:
