@@ -184,3 +184,13 @@ def test_compiled_kernel_matches_eager_and_reference():
     q_e, _ = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], temperature=0.7)
     q_c, _ = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], temperature=0.7, compiled=True)
     assert torch.isfinite(q_c).all() and (q_c - q_e).abs().max() < 1e-4
+    # one variant: P_all's log-softmax is fused as well, its log-probs come from a logsumexp (same values,
+    # hostile rows included); need_logp=False leaves them out
+    ids = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(3))
+    for temp in (1.0, 0.7):
+        q_e, lp_e = relevance_against_reference(a[0], b[:1], ids, mask[0], temperature=temp, chunk_size=4)
+        q_c, lp_c = relevance_against_reference(a[0], b[:1], ids, mask[0], temperature=temp, chunk_size=4, compiled=True)
+        assert torch.isfinite(q_c).all() and (q_c - q_e).abs().max() < 1e-4, temp
+        assert torch.isfinite(lp_c).all() and (lp_c - lp_e).abs().max() < 1e-4, temp
+    _, lp_none = relevance_against_reference(a[0], b[:1], ids, mask[0], compiled=True, need_logp=False)
+    assert lp_none.abs().max() == 0

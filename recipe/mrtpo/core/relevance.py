@@ -214,6 +214,7 @@ def relevance_against_reference(
     measure: str = "js_distance",
     chunk_size: Optional[int] = None,
     compiled: bool = False,
+    need_logp: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Relevance of J prompt variants against one reference (P_all) over the same response, in one pass.
 
@@ -225,7 +226,9 @@ def relevance_against_reference(
         logits_ref: [T, V] logits under P_all; logits_variants: [J, T, V] under each P_minus.
         ids: [T] sampled response ids; mask: [T] valid positions.
         measure: ``js_distance`` | ``js_divergence`` | ``logprob_contrast``.
-        compiled: fuse each variant's log-softmax with the JSD in a ``torch.compile``d kernel.
+        compiled: fuse each variant's log-softmax with the JSD in a ``torch.compile``d kernel (with a
+            single variant, P_all's log-softmax as well).
+        need_logp: False when the caller does not use the log-probs (then they may come back as 0).
 
     Returns:
         (q [J, T] fp32, log p(y_t | P_all) [T] fp32), 0 where masked.
@@ -238,7 +241,14 @@ def relevance_against_reference(
         raise ValueError("shapes must be ref [T, V], variants [J, T, V], ids [T], mask [T]")
     q = torch.zeros(J, T, dtype=torch.float32, device=logits_ref.device)
     logp = torch.zeros(T, dtype=torch.float32, device=logits_ref.device)
+    fuse_both = compiled and measure != "logprob_contrast" and J == 1
     for rows, contiguous in _chunks(mask.unsqueeze(0), (1, T), chunk_size, V):
+        if fuse_both:  # one variant: P_all's log-softmax is fused too, never written out as [chunk, V] fp32
+            ref = _rows(logits_ref, rows, contiguous)
+            q[0, rows] = _fused_jsd("both", ref, _rows(logits_variants[0], rows, contiguous), temperature)
+            if need_logp:
+                logp[rows] = _picked_logprobs(ref, ids.index_select(0, rows), temperature)
+            continue
         lp = _log_softmax_fp32(_rows(logits_ref, rows, contiguous), temperature)
         picked = ids.index_select(0, rows).unsqueeze(-1)
         logp[rows] = lp.gather(-1, picked).squeeze(-1)
@@ -256,6 +266,21 @@ def relevance_against_reference(
     if measure == "js_distance":
         q = q.div_(LN2).clamp_(0.0, 1.0).sqrt_()
     return q, logp
+
+
+def _picked_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[N] log softmax(logits / temperature)[ids] of [N, V] logits in fp32, without writing the [N, V]
+    log-softmax: ``z_y - logsumexp(z)``, floored as :func:`_log_softmax_fp32` floors."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    out = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    bad = torch.isnan(out)
+    if bool(bad.any()):  # NaN / +inf logits (hostile input): the repaired log-softmax, as the eager path
+        rows = bad.nonzero(as_tuple=False).squeeze(-1)
+        lp = _log_softmax_fp32(logits.index_select(0, rows), temperature)
+        out[rows] = lp.gather(-1, ids.index_select(0, rows).unsqueeze(-1)).squeeze(-1)
+    return out.clamp_(min=_LOGP_FLOOR)
 
 
 def sampled_logprobs_from_logits(

@@ -226,15 +226,26 @@ def replay_relevance(
             resp = logits[i:j, keep - n_resp - 1 : keep - 1]  # position L-1-n+t predicts response token t
             first = i
             if mb[i].variant == 0:
-                refs[r] = resp[0].clone()  # a copy: the micro-batch's logits are freed after this loop
+                # its own tensor: a copy, unless the micro-batch is this one sequence (then the view holds
+                # one position more than the copy would)
+                refs[r] = resp[0] if len(mb) == 1 else resp[0].clone()
                 resp, first = resp[1:], i + 1
             ids_r = responses[r, :n_resp].to(device)
             mask_r = response_mask[r, :n_resp].to(device)
-            q, lp = relevance_against_reference(
-                refs[r], resp, ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js
-            )
-            if mb[i].variant == 0 and lp_variant[r] == 0:
-                logprobs[r, :n_resp] = lp.cpu()
+            want_lp = mb[i].variant == 0 and lp_variant[r] == 0
+            if first == j:  # P_all alone in this forward: its variants come in the next ones
+                if want_lp:
+                    logprobs[r, :n_resp] = sampled_logprobs_from_logits(
+                        refs[r].unsqueeze(0), ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size
+                    )[0].cpu()
+                q = lp = None
+            else:
+                q, lp = relevance_against_reference(
+                    refs[r], resp, ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js,
+                    need_logp=want_lp,
+                )
+                if want_lp:
+                    logprobs[r, :n_resp] = lp.cpu()
             for jl, s in enumerate(mb[first:j]):
                 variant_relevance[r, s.variant - 1, :n_resp] = q[jl].cpu()
                 if s.variant == lp_variant[r]:
