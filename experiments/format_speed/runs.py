@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from data_prep.common import sha256_file
 from experiments.format_speed.common import LOG_PREFIX, PROJECT, TASK, ExperimentError
-from experiments.mini_credit.runs import method_overrides
+from experiments.mini_credit.runs import method_overrides, run_verl
 from experiments.mini_credit.warm_start import SFTConfig
-from recipe.mrtpo.tools.verl_log import STEP_LINE
 
+# verl's FSDP default computes in bf16; a CPU without native bf16 (AVX2 only, as this machine) runs bf16
+# matmuls through a slow path: the pilot's update step took ~160 s for 16 responses under bf16.
+FP32_ACTOR = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 HEAVY_LOCK = Path(os.environ.get("MRTPO_HEAVY_LOCK", "/tmp/mrtpo-heavy.lock"))
 
 
@@ -49,54 +47,22 @@ def heavy_lock(path: Path = HEAVY_LOCK, log: Callable[[str], None] = print):
 
 def run_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int, steps: int, lr: float, beta: float,
                   warmup: int) -> list[str]:
-    """The slots miniature's overrides for ``method`` with this experiment's project name."""
+    """The slots miniature's overrides for ``method`` with this experiment's project name, and the actor in
+    fp32 (:data:`FP32_ACTOR`)."""
     ov = method_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
-    return [f"trainer.project_name={PROJECT}" if o.startswith("trainer.project_name=") else o for o in ov]
+    return [f"trainer.project_name={PROJECT}" if o.startswith("trainer.project_name=") else o for o in ov] + [FP32_ACTOR]
 
 
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,
                warmup: int, timeout_s: float, model_name: str, log: Callable[[str], None] = print,
                lock: bool = True) -> dict:
-    """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it."""
-    from recipe.mrtpo.cpu.launcher import run_cpu
-
+    """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it
+    (:func:`experiments.mini_credit.runs.run_verl`, under :func:`heavy_lock` when ``lock``)."""
     run_dir = Path(runs_dir) / f"{method}_seed{seed}"
     overrides = run_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
-    key = hashlib.sha256(json.dumps([overrides, sha256_file(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
-    result_path = run_dir / "result.json"
-    if result_path.is_file():
-        try:
-            old = json.loads(result_path.read_text())
-            if old.get("key") == key and old.get("ok"):
-                log(f"{LOG_PREFIX} {method} seed {seed}: done before, kept ({run_dir})")
-                return old
-        except ValueError:
-            pass
-    with heavy_lock(log=log) if lock else contextlib.nullcontext():
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"method": method, "task": TASK, "seed": seed, "model": model_name}))
-        t0 = time.monotonic()
-        log(f"{LOG_PREFIX} {method} seed {seed}: starting verl ({steps} steps) ...")
-
-        def progress(line: str) -> None:
-            m = STEP_LINE.search(line)
-            if m:
-                log(f"{LOG_PREFIX}   {method} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
-
-        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
-    ok = (not res.timed_out) and res.returncode == 0 and sorted(res.steps) == list(range(1, steps + 1))
-    result = {"method": method, "seed": seed, "key": key, "ok": ok, "returncode": res.returncode,
-              "timed_out": res.timed_out, "wall_s": res.wall_s, "first_step_at_s": res.first_step_at_s,
-              "peak_pss_gib": res.peak_pss_gib, "steps_logged": sorted(res.steps), "log": res.log_path.name}
-    result_path.write_text(json.dumps(result, indent=1))
-    if not ok:
-        log(f"{LOG_PREFIX} {method} seed {seed}: FAILED (exit {res.returncode}, timed out {res.timed_out}, "
-            f"steps {sorted(res.steps)}); log {res.log_path}\n{res.tail(25)}")
-    else:
-        log(f"{LOG_PREFIX} {method} seed {seed}: {res.wall_s:.0f} s, peak {res.peak_pss_gib:.1f} GiB PSS")
-    return result
+    return run_verl(method, seed, overrides, model, run_dir, steps, timeout_s,
+                    {"method": method, "task": TASK, "seed": seed, "model": model_name}, log=log, prefix=LOG_PREFIX,
+                    lock=(lambda: heavy_lock(log=log)) if lock else None)
 
 
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print) -> dict:

@@ -8,12 +8,14 @@ interrupted experiment resumes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 from data_prep.common import sha256_file
 from experiments.mini_credit.common import METHODS, REPLAY_METHODS, TASK, ExperimentError
@@ -51,45 +53,56 @@ def method_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: 
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,
                warmup: int, timeout_s: float, model_name: str, log: Callable[[str], None] = print) -> dict:
     """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it."""
-    from recipe.mrtpo.cpu.launcher import run_cpu
-
     run_dir = Path(runs_dir) / f"{method}_seed{seed}"
     overrides = method_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
+    return run_verl(method, seed, overrides, model, run_dir, steps, timeout_s,
+                    {"method": method, "task": TASK, "seed": seed, "model": model_name}, log=log, prefix="[mini]")
+
+
+def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir: Path, steps: int, timeout_s: float,
+             run_info: dict, log: Callable[[str], None] = print, prefix: str = "[mini]",
+             lock: Optional[Callable[[], contextlib.AbstractContextManager]] = None) -> dict:
+    """One verl run of ``python -m recipe.mrtpo.main_mrtpo overrides`` in ``run_dir`` (``run.json`` =
+    ``run_info``), unless ``result.json`` says that the same overrides on the same weights finished (the
+    result is kept: an interrupted experiment resumes). ``lock``: a context held around the run only
+    (e.g. the machine-wide flock of the format-speed experiment). Returns the result record."""
+    from recipe.mrtpo.cpu.launcher import run_cpu
+
     key = hashlib.sha256(json.dumps([overrides, sha256_file(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
     result_path = run_dir / "result.json"
     if result_path.is_file():
         try:
             old = json.loads(result_path.read_text())
             if old.get("key") == key and old.get("ok"):
-                log(f"[mini] {method} seed {seed}: done before, kept ({run_dir})")
+                log(f"{prefix} {method} seed {seed}: done before, kept ({run_dir})")
                 return old
         except ValueError:
             pass
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"method": method, "task": TASK, "seed": seed, "model": model_name}))
-    t0 = time.monotonic()
-    log(f"[mini] {method} seed {seed}: starting verl ({steps} steps) ...")
+    with lock() if lock else contextlib.nullcontext():
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps(run_info))
+        t0 = time.monotonic()
+        log(f"{prefix} {method} seed {seed}: starting verl ({steps} steps) ...")
 
-    def progress(line: str) -> None:
-        m = STEP_LINE.search(line)
-        if m:
-            log(f"[mini]   {method} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
+        def progress(line: str) -> None:
+            m = STEP_LINE.search(line)
+            if m:
+                log(f"{prefix}   {method} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
 
-    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
+        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
     ok = (not res.timed_out) and res.returncode == 0 and sorted(res.steps) == list(range(1, steps + 1))
     result = {"method": method, "seed": seed, "key": key, "ok": ok, "returncode": res.returncode,
               "timed_out": res.timed_out, "wall_s": res.wall_s, "first_step_at_s": res.first_step_at_s,
               "peak_pss_gib": res.peak_pss_gib, "steps_logged": sorted(res.steps), "log": res.log_path.name}
     result_path.write_text(json.dumps(result, indent=1))
     if not ok:
-        log(f"[mini] {method} seed {seed}: FAILED (exit {res.returncode}, timed out {res.timed_out}, "
+        log(f"{prefix} {method} seed {seed}: FAILED (exit {res.returncode}, timed out {res.timed_out}, "
             f"steps {sorted(res.steps)}); log {res.log_path}\n{res.tail(25)}")
     else:
-        log(f"[mini] {method} seed {seed}: {res.wall_s:.0f} s, peak {res.peak_pss_gib:.1f} GiB PSS")
+        log(f"{prefix} {method} seed {seed}: {res.wall_s:.0f} s, peak {res.peak_pss_gib:.1f} GiB PSS")
     return result
-
 
 
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print) -> dict:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import subprocess
@@ -293,6 +294,7 @@ def test_run_overrides(tmp_path):
     assert len(keys) == len(set(keys))
     assert "trainer.project_name=mrtpo_format_speed" in ov and "mrtpo.dump.every_n_steps=1" in ov
     assert "algorithm.adv_estimator=mrtpo" in ov and "actor_rollout_ref.rollout.seed=2" in ov
+    assert ov[-1].startswith("+actor_rollout_ref.actor.fsdp_config.mixed_precision=") and "param_dtype:fp32" in ov[-1]
     assert not any(o.startswith("mrtpo.dump") for o in run_overrides("gdpo", tmp_path, tmp_path, tmp_path, 0, 1, 1e-3, 0.5, 1))
 
 
@@ -311,3 +313,43 @@ def test_experiment_runs_as_a_module():
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("usage: python -m experiments.format_speed ")
+
+
+def test_run_verl_resumes_and_holds_the_lock_only_around_the_run(tmp_path, monkeypatch):
+    """The shared runner of both miniatures: a finished run with the same overrides and weights is kept,
+    changed overrides re-run it, a failed run is recorded as failed, and the lock is held during the run."""
+    from experiments.mini_credit.runs import run_verl
+    from recipe.mrtpo.cpu import launcher
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    calls, held = [], []
+
+    def fake_run_cpu(module, overrides, out_dir, timeout_s, on_line=None):
+        calls.append(list(overrides))
+        on_line("step:1 - x:1")
+        steps = {} if "fail" in overrides else {1: {}, 2: {}}
+        log = Path(out_dir) / "main_mrtpo.log"
+        log.write_text("log\n")
+        return launcher.RunResult(returncode=0, timed_out=False, wall_s=1.0, log_path=log, steps=steps)
+
+    @contextlib.contextmanager
+    def lock():
+        held.append("in")
+        yield
+        held.append("out")
+
+    monkeypatch.setattr(launcher, "run_cpu", fake_run_cpu)
+    run_dir, info = tmp_path / "runs" / "gdpo_seed0", {"method": "gdpo"}
+    lines = []
+    first = run_verl("gdpo", 0, ["a=1"], model, run_dir, 2, 60, info, log=lines.append, lock=lock)
+    assert first["ok"] and held == ["in", "out"] and json.loads((run_dir / "run.json").read_text()) == info
+    assert any("step 1" in m for m in lines)
+    again = run_verl("gdpo", 0, ["a=1"], model, run_dir, 2, 60, info, log=lines.append, lock=lock)
+    assert again == first and len(calls) == 1 and held == ["in", "out"]  # kept: no run, no lock
+    run_verl("gdpo", 0, ["a=2"], model, run_dir, 2, 60, info, log=lines.append)
+    assert len(calls) == 2
+    failed = run_verl("gdpo", 0, ["fail"], model, run_dir, 2, 60, info, log=lines.append)
+    assert not failed["ok"] and not json.loads((run_dir / "result.json").read_text())["ok"]
+    assert any("FAILED" in m for m in lines)
