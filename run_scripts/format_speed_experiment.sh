@@ -11,7 +11,7 @@
 #   bash run_scripts/format_speed_experiment.sh --analyse-only      # only rebuild the table and plots
 #
 # Each verl run holds the machine-wide lock (/tmp/mrtpo-heavy.lock, MRTPO_HEAVY_LOCK) while it runs and
-# needs ~10 GiB of memory and ~4 min; finished runs are kept, so re-running resumes.
+# needs ~11 GiB of memory and ~8 min (~3.5 min of it start-up); finished runs are kept, so re-running resumes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

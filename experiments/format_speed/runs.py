@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.format_speed.common import LOG_PREFIX, PROJECT, TASK, ExperimentError
-from experiments.mini_credit.runs import method_overrides, run_verl
-from experiments.mini_credit.warm_start import SFTConfig
+from experiments.format_speed.common import LOG_PREFIX, PROJECT, TASK
+from experiments.mini_credit.runs import method_overrides, run_verl, warm_start_seed
 
 # verl's FSDP default computes in bf16; a CPU without native bf16 (AVX2 only, as this machine) runs bf16
 # matmuls through a slow path: the pilot's update step took ~160 s for 16 responses under bf16.
@@ -69,16 +68,6 @@ def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print
     """Data (``sdir/data``), the random init (``sdir/init``) and the warm-started model (``sdir/sft_model``)."""
     from data_prep import format_speed as builder
     from experiments.format_speed.warm_start import sft_warm_start
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
 
-    data_dir = sdir / "data"
-    rc = builder.main(["--out-dir", str(data_dir), "--seed", str(seed), "--n-sft", str(args.n_sft),
-                       "--p-format", str(args.p_format), "--p-arg", str(args.p_arg)])
-    if rc != 0:
-        raise ExperimentError(f"building the data for seed {seed} failed")
-    heads = args.hidden // 32
-    base = build_tiny_qwen2(sdir / "init", hidden_size=args.hidden, num_layers=args.layers,
-                            num_heads=heads, num_kv_heads=max(1, heads // 2), seed=seed)
-    cfg = SFTConfig(gold_steps=args.sft_gold_steps, demo_steps=args.sft_demo_steps, full_steps=args.sft_full_steps)
-    return sft_warm_start(base, data_dir / "sft.parquet", data_dir / "test.parquet", sdir / "sft_model", cfg,
-                          seed=seed, log=log)
+    return warm_start_seed(sdir, seed, args, builder.main, ["--p-format", str(args.p_format), "--p-arg", str(args.p_arg)],
+                           sft_warm_start, log)

@@ -10,19 +10,11 @@ samples the model on held-out prompts and scores the samples with the real tool-
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
-import tempfile
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
-from data_prep.common import read_parquet_rows, sha256_file
 from experiments.format_speed.common import LOG_PREFIX, ExperimentError
-from experiments.mini_credit.warm_start import SFTConfig, _chat_ids, response_vocabulary, sft_train
-from recipe.mrtpo.tasks import to_plain
+from experiments.mini_credit.warm_start import SFTConfig, _chat_ids, cached_sft
 
 _SFT_FORMAT = "1"  # bump when the recipe changes in a way its key would not see
 _SFT_KEY_FILE = ".format-speed-sft-key"
@@ -81,80 +73,17 @@ def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4
             "exact": sum(c >= 1.0 for c in corr) / n if n else float("nan"), "n": n, "examples": examples}
 
 
-def _rows(path: Path) -> list[dict]:
-    return [to_plain(r) for r in read_parquet_rows(path)]
-
-
 def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_dir: Path, cfg: SFTConfig,
                    seed: int = 0, eval_samples: int = 4, log: Callable[[str], None] = print) -> dict:
     """Fine-tune ``base_model`` (gold calls, then the demonstrations, then the demonstrations with the
-    full softmax), save it (bf16, with the tokenizer) to ``out_dir``; return its record. Cached by key."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    full softmax), save it (bf16, with the tokenizer) to ``out_dir``; return its record
+    (:func:`experiments.mini_credit.warm_start.cached_sft`; cached by key)."""
 
-    out_dir = Path(out_dir)
-    key_file = Path(base_model) / ".mrtpo-tiny-key"
-    base_key = key_file.read_text().strip() if key_file.is_file() else sha256_file(Path(base_model) / "model.safetensors")
-    key = hashlib.sha256(json.dumps({
-        "format": _SFT_FORMAT, "base": base_key, "sft": sha256_file(sft_parquet), "test": sha256_file(test_parquet),
-        "cfg": asdict(cfg), "seed": seed, "eval_samples": eval_samples,
-    }, sort_keys=True).encode()).hexdigest()[:16]
-    meta_path = out_dir / "sft_meta.json"
-    try:
-        if (out_dir / _SFT_KEY_FILE).read_text().strip() == key and meta_path.is_file():
-            log(f"{LOG_PREFIX} SFT model cached: {out_dir}")
-            return json.loads(meta_path.read_text())
-    except OSError:
-        pass
+    def describe(after: dict) -> tuple[str, dict]:
+        line = (f"held-out (sampled, T=1): format {after['format']:.2f}, correctness {after['correctness']:.2f}, "
+                f"argument right {after['exact']:.2f}")
+        return line, {"after": {k: after[k] for k in ("format", "correctness", "exact", "n")}}
 
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(base_model)
-    model = Qwen2ForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-    rows = _rows(sft_parquet)
-    gold = encode_examples(tokenizer, rows, "gold")
-    demos = encode_examples(tokenizer, rows, "demo")
-    vocab = response_vocabulary(gold + demos)
-    test_rows = _rows(test_parquet)
-    pad = int(tokenizer.pad_token_id or 0)
-    t0 = time.monotonic()
-
-    def progress(phase):
-        return lambda s, v: log(f"{LOG_PREFIX}   sft {phase} step {s:>4}  loss {v:.3f}  ({time.monotonic() - t0:.0f} s)")
-
-    log(f"{LOG_PREFIX} SFT: {len(rows)} prompts; {cfg.gold_steps} steps on gold calls, {cfg.demo_steps} + "
-        f"{cfg.full_steps} on the demonstrations (batch {cfg.batch_size})")
-    losses = {
-        "gold": sft_train(model, gold, cfg.gold_steps, cfg.batch_size, cfg.lr, seed, pad, vocab, on_log=progress("gold")),
-        "demo": sft_train(model, demos, cfg.demo_steps, cfg.batch_size, cfg.demo_lr, seed + 1, pad, vocab,
-                          on_log=progress("demo")),
-        "full": sft_train(model, demos, cfg.full_steps, cfg.batch_size, cfg.full_lr, seed + 2, pad, None,
-                          train_embeddings=True, log_every=25, on_log=progress("full-vocab")),
-    }
-    train_s = time.monotonic() - t0
-    after = evaluate_tool_calls(model, tokenizer, test_rows, samples=eval_samples, seed=seed)
-    log(f"{LOG_PREFIX} SFT done in {train_s:.0f} s; held-out (sampled, T=1): format {after['format']:.2f}, "
-        f"correctness {after['correctness']:.2f}, argument right {after['exact']:.2f}")
-    for prompt, response in after["examples"][:3]:
-        log(f"{LOG_PREFIX}   {prompt[-40:]!r} -> {response!r}")
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / _SFT_KEY_FILE).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.build-") as tmp:
-        tmp = Path(tmp)
-        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-        for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            if (Path(base_model) / f).is_file():
-                shutil.copy(Path(base_model) / f, tmp / f)
-        for f in tmp.iterdir():
-            shutil.move(str(f), str(out_dir / f.name))
-
-    def ends(v):
-        k = max(1, len(v) // 10)
-        return (sum(v[:k]) / k, sum(v[-k:]) / k) if v else (None, None)
-
-    meta = {"config": asdict(cfg), "seed": seed, "train_s": train_s,
-            "loss": {phase: {"first": ends(v)[0], "last": ends(v)[1]} for phase, v in losses.items()},
-            "after": {k: after[k] for k in ("format", "correctness", "exact", "n")}, "examples": after["examples"]}
-    meta_path.write_text(json.dumps(meta, indent=1))
-    (out_dir / _SFT_KEY_FILE).write_text(key + "\n")
-    return meta
+    return cached_sft(base_model, sft_parquet, test_parquet, out_dir, cfg, seed, eval_samples,
+                      cache=(_SFT_FORMAT, _SFT_KEY_FILE), prefix=LOG_PREFIX, encode=encode_examples,
+                      evaluate=evaluate_tool_calls, describe=describe, log=log)

@@ -108,17 +108,23 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print) -> dict:
     """Data (``sdir/data``), the random init (``sdir/init``) and the warm-started model (``sdir/sft_model``)."""
     from data_prep import synthetic_slots as builder
+
+    return warm_start_seed(sdir, seed, args, builder.main, ["--slots", str(args.slots), "--p-correct", str(args.p_correct)],
+                           sft_warm_start, log)
+
+
+def warm_start_seed(sdir: Path, seed: int, args, build: Callable[[list[str]], int], build_args: list[str],
+                    sft: Callable[..., dict], log: Callable[[str], None] = print) -> dict:
+    """What both miniatures prepare per seed: ``build([--out-dir sdir/data --seed --n-sft, *build_args])``
+    (a data builder's ``main``), a random tiny Qwen2 (``args.hidden``, ``args.layers``) in ``sdir/init``,
+    and ``sft(...)`` of it into ``sdir/sft_model`` with the SFT phases of ``args``; returns the SFT record."""
     from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
 
     data_dir = sdir / "data"
-    rc = builder.main(["--out-dir", str(data_dir), "--seed", str(seed), "--slots", str(args.slots),
-                       "--n-sft", str(args.n_sft), "--p-correct", str(args.p_correct)])
-    if rc != 0:
+    if build(["--out-dir", str(data_dir), "--seed", str(seed), "--n-sft", str(args.n_sft), *build_args]) != 0:
         raise ExperimentError(f"building the data for seed {seed} failed")
     heads = args.hidden // 32
     base = build_tiny_qwen2(sdir / "init", hidden_size=args.hidden, num_layers=args.layers,
                             num_heads=heads, num_kv_heads=max(1, heads // 2), seed=seed)
     cfg = SFTConfig(gold_steps=args.sft_gold_steps, demo_steps=args.sft_demo_steps, full_steps=args.sft_full_steps)
-    return sft_warm_start(base, data_dir / "sft.parquet", data_dir / "test.parquet", sdir / "sft_model", cfg,
-                          seed=seed, log=log)
-
+    return sft(base, data_dir / "sft.parquet", data_dir / "test.parquet", sdir / "sft_model", cfg, seed=seed, log=log)

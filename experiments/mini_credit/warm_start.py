@@ -218,20 +218,41 @@ def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_
     """Fine-tune ``base_model`` (phases of :class:`SFTConfig`), save it (bf16, with the tokenizer) to
     ``out_dir`` and return its record (losses, held-out per-slot accuracy before and after). Cached: a
     second call with the same base model, data and arguments returns the stored record at once."""
+
+    def describe(after: dict) -> tuple[str, dict]:
+        line = "held-out accuracy per slot (sampled, T=1): " + ", ".join(f"{k} {v:.2f}" for k, v in after["per_reward"].items())
+        return line, {"accuracy_after": after["per_reward"], "accuracy_after_mean": after["mean"], "eval_responses": after["n"]}
+
+    return cached_sft(base_model, sft_parquet, test_parquet, out_dir, cfg, seed, eval_samples,
+                      cache=(_SFT_FORMAT, _SFT_KEY_FILE), prefix="[mini]", encode=encode_sft_examples,
+                      evaluate=evaluate_slots, describe=describe, log=log)
+
+
+def cached_sft(base_model: Path, sft_parquet: Path, test_parquet: Path, out_dir: Path, cfg: SFTConfig, seed: int,
+               eval_samples: int, *, cache: tuple[str, str], prefix: str,
+               encode: Callable[..., list], evaluate: Callable[..., dict], describe: Callable[[dict], tuple[str, dict]],
+               log: Callable[[str], None] = print) -> dict:
+    """The warm start both miniatures share: the three phases of :class:`SFTConfig` on ``encode(tokenizer,
+    rows, "gold" | "demo")``, then ``evaluate(model, tokenizer, test_rows, samples=, seed=)`` (a dict with
+    ``examples``) on the held-out rows, summarised by ``describe(after) -> (log line, record fields)``; the
+    model is saved atomically (bf16, with the tokenizer) to ``out_dir`` with its record ``sft_meta.json``.
+    Cached by a key over the base model, the data, ``cfg``, ``seed``, ``eval_samples`` and ``cache``'s
+    format tag (stored in ``out_dir / cache[1]``): a second call returns the stored record at once."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+    fmt, key_name = cache
     out_dir = Path(out_dir)
     key_file = Path(base_model) / ".mrtpo-tiny-key"
     base_key = key_file.read_text().strip() if key_file.is_file() else sha256_file(Path(base_model) / "model.safetensors")
     key = hashlib.sha256(json.dumps({
-        "format": _SFT_FORMAT, "base": base_key, "sft": sha256_file(sft_parquet), "test": sha256_file(test_parquet),
+        "format": fmt, "base": base_key, "sft": sha256_file(sft_parquet), "test": sha256_file(test_parquet),
         "cfg": asdict(cfg), "seed": seed, "eval_samples": eval_samples,
     }, sort_keys=True).encode()).hexdigest()[:16]
     meta_path = out_dir / "sft_meta.json"
     try:
-        if (out_dir / _SFT_KEY_FILE).read_text().strip() == key and meta_path.is_file():
-            log(f"[mini] SFT model cached: {out_dir}")
+        if (out_dir / key_name).read_text().strip() == key and meta_path.is_file():
+            log(f"{prefix} SFT model cached: {out_dir}")
             return json.loads(meta_path.read_text())
     except OSError:
         pass
@@ -240,18 +261,18 @@ def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     model = Qwen2ForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     rows = _read_rows(sft_parquet)
-    gold = encode_sft_examples(tokenizer, rows, "gold")
-    demos = encode_sft_examples(tokenizer, rows, "demo")
+    gold = encode(tokenizer, rows, "gold")
+    demos = encode(tokenizer, rows, "demo")
     vocab = response_vocabulary(gold + demos)
     test_rows = _read_rows(test_parquet)
     pad = int(tokenizer.pad_token_id or 0)
     t0 = time.monotonic()
 
     def progress(phase):
-        return lambda s, v: log(f"[mini]   sft {phase} step {s:>4}  loss {v:.3f}  ({time.monotonic() - t0:.0f} s)")
+        return lambda s, v: log(f"{prefix}   sft {phase} step {s:>4}  loss {v:.3f}  ({time.monotonic() - t0:.0f} s)")
 
-    log(f"[mini] SFT: {len(rows)} prompts; {cfg.gold_steps} steps on correct answers, {cfg.demo_steps} + "
-        f"{cfg.full_steps} on imperfect demonstrations (batch {cfg.batch_size})")
+    log(f"{prefix} SFT: {len(rows)} prompts; {cfg.gold_steps} steps on the gold answers, {cfg.demo_steps} + "
+        f"{cfg.full_steps} on the imperfect demonstrations (batch {cfg.batch_size})")
     losses = {
         "gold": sft_train(model, gold, cfg.gold_steps, cfg.batch_size, cfg.lr, seed, pad, vocab, on_log=progress("gold")),
         "demo": sft_train(model, demos, cfg.demo_steps, cfg.batch_size, cfg.demo_lr, seed + 1, pad, vocab,
@@ -260,14 +281,14 @@ def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_
                           train_embeddings=True, log_every=25, on_log=progress("full-vocab")),
     }
     train_s = time.monotonic() - t0
-    after = evaluate_slots(model, tokenizer, test_rows, samples=eval_samples, seed=seed)
-    log(f"[mini] SFT done in {train_s:.0f} s; held-out accuracy per slot (sampled, T=1): "
-        + ", ".join(f"{k} {v:.2f}" for k, v in after["per_reward"].items()))
+    after = evaluate(model, tokenizer, test_rows, samples=eval_samples, seed=seed)
+    line, fields = describe(after)
+    log(f"{prefix} SFT done in {train_s:.0f} s; {line}")
     for prompt, response in after["examples"][:3]:
-        log(f"[mini]   {prompt!r} -> {response!r}")
+        log(f"{prefix}   {prompt[-60:]!r} -> {response!r}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / _SFT_KEY_FILE).unlink(missing_ok=True)
+    (out_dir / key_name).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.build-") as tmp:
         tmp = Path(tmp)
         model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
@@ -285,9 +306,8 @@ def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_
         "config": asdict(cfg), "seed": seed, "train_s": train_s,
         "loss": {phase: {"first": ends(v)[0], "last": ends(v)[1]} for phase, v in losses.items()},
         "losses_every_10": {phase: v[::10] for phase, v in losses.items()},
-        "accuracy_after": after["per_reward"], "accuracy_after_mean": after["mean"], "eval_responses": after["n"],
-        "examples": after["examples"],
+        **fields, "examples": after["examples"],
     }
     meta_path.write_text(json.dumps(meta, indent=1))
-    (out_dir / _SFT_KEY_FILE).write_text(key + "\n")
+    (out_dir / key_name).write_text(key + "\n")
     return meta

@@ -353,3 +353,28 @@ def test_run_verl_resumes_and_holds_the_lock_only_around_the_run(tmp_path, monke
     failed = run_verl("gdpo", 0, ["fail"], model, run_dir, 2, 60, info, log=lines.append)
     assert not failed["ok"] and not json.loads((run_dir / "result.json").read_text())["ok"]
     assert any("FAILED" in m for m in lines)
+
+
+def test_prepare_seed_warm_starts_once_and_then_is_cached(tmp_path):
+    """The per-seed preparation both miniatures share (data, random tiny Qwen2, the three SFT phases, the
+    held-out evaluation through the real verifier): a second call with the same arguments is a cache hit."""
+    import argparse
+
+    from experiments.format_speed.warm_start import sft_warm_start
+    from experiments.mini_credit.runs import warm_start_seed
+
+    args = argparse.Namespace(n_sft=64, hidden=64, layers=1, sft_gold_steps=2, sft_demo_steps=2, sft_full_steps=1)
+    build_args = ["--n-train", "4", "--n-test", "4", "--p-format", "0.3", "--p-arg", "0.8"]
+
+    def prepare_seed(sdir, seed, args, log):  # experiments.format_speed.runs.prepare_seed on less data
+        return warm_start_seed(sdir, seed, args, builder.main, build_args, sft_warm_start, log)
+
+    lines = []
+    meta = prepare_seed(tmp_path / "ws", 0, args, log=lines.append)
+    assert meta["config"]["gold_steps"] == 2 and set(meta["loss"]) == {"gold", "demo", "full"}
+    assert 0 <= meta["after"]["format"] <= 1 and meta["after"]["n"] == 4 * 4
+    assert (tmp_path / "ws" / "sft_model" / "model.safetensors").is_file()
+    assert any("SFT done" in m for m in lines)
+    lines.clear()
+    assert json.loads(json.dumps(prepare_seed(tmp_path / "ws", 0, args, log=lines.append))) == json.loads(json.dumps(meta))
+    assert any("SFT model cached" in m for m in lines)
