@@ -175,7 +175,7 @@ def test_compiled_kernel_matches_eager_and_reference():
     assert comp[0, 0] == 0 and comp[1, 6:].abs().max() == 0
     q_e, lp_e = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], chunk_size=4)
     q_c, lp_c = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], chunk_size=4, compiled=True)
-    assert (q_c - q_e).abs().max() < 1e-5 and torch.equal(lp_c, lp_e)
+    assert (q_c - q_e).abs().max() < 1e-5 and (lp_c - lp_e).abs().max() < 1e-5 and q_c[0, 0] == 0
     # hostile rows (NaN / +inf / -inf logits) come out as the eager path repairs them, at temperature != 1
     a[0, 2, 5], b[0, 3, 7], b[0, 4, :50] = float("nan"), float("inf"), -float("inf")
     eager = js_distance_from_logits(a, b, mask, temperature=0.7)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 LN2 = math.log(2.0)
 MEASURES = ("js_distance", "js_divergence")
 _LOGP_FLOOR = -1.0e4
+_TINY = torch.finfo(torch.float32).tiny
 # Default chunk: about 2^24 fp32 elements per expanded [chunk, V] tensor (64 MiB); ~110 positions at
 # V = 151,936. The peak is a small multiple of that (a handful of [chunk, V] temporaries).
 _DEFAULT_CHUNK_ELEMS = 1 << 24
@@ -85,12 +86,14 @@ def _jsd_rows(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
 
 
 def _jsd_rows_functional(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
-    """:func:`_jsd_rows` without in-place ops (same formula), the form ``torch.compile`` fuses into one
-    pass over [N, V] with no [N, V] temporaries."""
+    """:func:`_jsd_rows` without in-place ops, the form ``torch.compile`` fuses into one pass over [N, V]
+    with no [N, V] temporaries. Three transcendentals per entry instead of four: ``exp(-a)``, inside the
+    softplus, equals ``min(p, q) / max(p, q)``, which costs a division (both 0: the entry adds 0)."""
     a = (lq - lp).abs()
     p, q = lp.exp(), lq.exp()
-    t = LN2 - F.softplus(-a)
-    return (0.5 * ((p + q) * t - torch.minimum(p, q) * a).sum(dim=-1)).clamp(0.0, LN2)
+    lo, hi = torch.minimum(p, q), torch.maximum(p, q)
+    t = LN2 - torch.log1p(lo / hi.clamp(min=_TINY))
+    return (0.5 * ((p + q) * t - lo * a).sum(dim=-1)).clamp(0.0, LN2)
 
 
 def _jsd_from_logits_functional(lp: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -107,8 +110,24 @@ def _jsd_both_from_logits_functional(xp: torch.Tensor, xq: torch.Tensor, tempera
     return _jsd_from_logits_functional(lp, xq, temperature)
 
 
+def _jsd_lse_from_logits_functional(xp: torch.Tensor, lse_p: torch.Tensor, xq: torch.Tensor, lse_q: torch.Tensor,
+                                    temperature: float) -> torch.Tensor:
+    """The JSD from raw logits and their log-normalisers [N] (:func:`logsumexp_rows`; P_all's computed
+    once per position and shared by its variants), for ``torch.compile``: each log-softmax is
+    ``x / temperature - lse``, computed alike for both sides, so identical rows give exactly 0."""
+    lp = (xp.float() / temperature - lse_p.unsqueeze(-1)).clamp(min=_LOGP_FLOOR)
+    lq = (xq.float() / temperature - lse_q.unsqueeze(-1)).clamp(min=_LOGP_FLOOR)
+    return _jsd_rows_functional(lp, lq)
+
+
+def _logsumexp_functional(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[N] logsumexp(x / temperature) in fp32, for ``torch.compile`` (no [N, V] temporaries)."""
+    return torch.logsumexp(x.float() / temperature, dim=-1)
+
+
 _COMPILED: dict[str, object] = {}
-_FUNCTIONAL = {"ref": _jsd_from_logits_functional, "both": _jsd_both_from_logits_functional}
+_FUNCTIONAL = {"ref": _jsd_from_logits_functional, "both": _jsd_both_from_logits_functional,
+               "lse": _jsd_lse_from_logits_functional, "logsumexp": _logsumexp_functional}
 
 
 def _compiled(name: str):
@@ -120,16 +139,35 @@ def _compiled(name: str):
     return fn
 
 
-def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
+def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float,
+               lse: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The compiled fused kernel (``kind`` "ref": ``a`` is P_all's log-probs; "both": ``a`` is raw
-    logits); rows it returns as NaN (NaN / +inf logits: hostile input) are recomputed by the eager path,
-    which repairs them."""
-    out = _compiled(kind)(a, xq, temperature)
+    logits; "lse": raw logits and their log-normaliser ``lse``); rows it returns as NaN (NaN / +inf
+    logits: hostile input) are recomputed by the eager path, which repairs them."""
+    if kind == "lse":
+        out = _compiled(kind)(a, lse, xq, logsumexp_rows(xq, temperature, compiled=True), temperature)
+    else:
+        out = _compiled(kind)(a, xq, temperature)
     bad = torch.isnan(out)
     if bool(bad.any()):
         rows = bad.nonzero(as_tuple=False).squeeze(-1)
         lp = a.index_select(0, rows) if kind == "ref" else _log_softmax_fp32(a.index_select(0, rows), temperature)
         out[rows] = _jsd_rows(lp, _log_softmax_fp32(xq.index_select(0, rows), temperature))
+    return out
+
+
+def logsumexp_rows(logits: torch.Tensor, temperature: float = 1.0, chunk_size: Optional[int] = None,
+                   compiled: bool = False) -> torch.Tensor:
+    """[N] ``logsumexp(logits / temperature)`` of [N, V] logits in fp32, ``chunk_size`` rows at a time:
+    P_all's log-normaliser, computed once per position and shared by all its variants' JSDs.
+    ``compiled``: the ``torch.compile``d reduction (one pass, no [chunk, V] temporaries; the compiled JS
+    uses it for both sides, so that identical rows give bitwise identical log-probabilities)."""
+    N, V = logits.shape
+    out = torch.empty(N, dtype=torch.float32, device=logits.device)
+    chunk = int(chunk_size) if chunk_size else default_chunk_size(V)
+    fn = _compiled("logsumexp") if compiled else _logsumexp_functional
+    for s in range(0, N, chunk):
+        out[s : s + chunk] = fn(logits[s : s + chunk], temperature)
     return out
 
 
@@ -215,6 +253,7 @@ def relevance_against_reference(
     chunk_size: Optional[int] = None,
     compiled: bool = False,
     need_logp: bool = True,
+    ref_lse: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Relevance of J prompt variants against one reference (P_all) over the same response, in one pass.
 
@@ -226,9 +265,11 @@ def relevance_against_reference(
         logits_ref: [T, V] logits under P_all; logits_variants: [J, T, V] under each P_minus.
         ids: [T] sampled response ids; mask: [T] valid positions.
         measure: ``js_distance`` | ``js_divergence`` | ``logprob_contrast``.
-        compiled: fuse each variant's log-softmax with the JSD in a ``torch.compile``d kernel (with a
-            single variant, P_all's log-softmax as well).
+        compiled: the ``torch.compile``d kernel: each variant's log-softmax fused with the JSD, P_all's
+            taken from its log-normaliser (one logsumexp per position, shared by the variants).
         need_logp: False when the caller does not use the log-probs (then they may come back as 0).
+        ref_lse: [T] P_all's log-normaliser (:func:`logsumexp_rows`) when the caller already has it
+            (the replay computes it once per row); only the compiled path reads it.
 
     Returns:
         (q [J, T] fp32, log p(y_t | P_all) [T] fp32), 0 where masked.
@@ -241,13 +282,15 @@ def relevance_against_reference(
         raise ValueError("shapes must be ref [T, V], variants [J, T, V], ids [T], mask [T]")
     q = torch.zeros(J, T, dtype=torch.float32, device=logits_ref.device)
     logp = torch.zeros(T, dtype=torch.float32, device=logits_ref.device)
-    fuse_both = compiled and measure != "logprob_contrast" and J == 1
+    fused = compiled and measure != "logprob_contrast"
     for rows, contiguous in _chunks(mask.unsqueeze(0), (1, T), chunk_size, V):
-        if fuse_both:  # one variant: P_all's log-softmax is fused too, never written out as [chunk, V] fp32
+        if fused:  # P_all's log-softmax is never written out as [chunk, V] fp32: its log-normaliser suffices
             ref = _rows(logits_ref, rows, contiguous)
-            q[0, rows] = _fused_jsd("both", ref, _rows(logits_variants[0], rows, contiguous), temperature)
+            lse = ref_lse.index_select(0, rows) if ref_lse is not None else logsumexp_rows(ref, temperature, compiled=True)
+            for j in range(J):
+                q[j, rows] = _fused_jsd("lse", ref, _rows(logits_variants[j], rows, contiguous), temperature, lse=lse)
             if need_logp:
-                logp[rows] = _picked_logprobs(ref, ids.index_select(0, rows), temperature)
+                logp[rows] = picked_logprobs(ref, ids.index_select(0, rows), temperature, lse)
             continue
         lp = _log_softmax_fp32(_rows(logits_ref, rows, contiguous), temperature)
         picked = ids.index_select(0, rows).unsqueeze(-1)
@@ -268,13 +311,14 @@ def relevance_against_reference(
     return q, logp
 
 
-def _picked_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+def picked_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float,
+                    lse: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[N] log softmax(logits / temperature)[ids] of [N, V] logits in fp32, without writing the [N, V]
-    log-softmax: ``z_y - logsumexp(z)``, floored as :func:`_log_softmax_fp32` floors."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    out = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    log-softmax: ``z_y - logsumexp(z)`` (``lse``: that logsumexp, when known), floored as
+    :func:`_log_softmax_fp32` floors."""
+    if lse is None:
+        lse = logsumexp_rows(logits, temperature)
+    out = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).float() / temperature - lse
     bad = torch.isnan(out)
     if bool(bad.any()):  # NaN / +inf logits (hostile input): the repaired log-softmax, as the eager path
         rows = bad.nonzero(as_tuple=False).squeeze(-1)

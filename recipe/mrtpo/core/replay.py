@@ -30,9 +30,10 @@ At scale (§5):
   packed into micro-batches by a token budget (``token_budget``: micro-batch size x its longest sequence,
   i.e. the padded tokens of the forward, at most the budget; one longer sequence runs alone) or, without
   one, by ``micro_batch_size`` sequences; a forward keeps the logits of its micro-batch's longest
-  response only. P_all's response logits are copied out of their micro-batch ([T_r, V], its own tensor)
-  and held only while the row's variants still run; the JS expands at most ``chunk_size`` positions x V
-  to fp32 at a time.
+  response only. P_all's response logits are held as their own tensor ([T_r, V], copied out of their
+  micro-batch when they outlive it) only while the row's variants still run, with the compiled JS its
+  log-normaliser [T_r] too (one logsumexp per position, shared by the variants); the JS expands at most
+  ``chunk_size`` positions x V to fp32 at a time.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ from typing import Optional
 
 import torch
 
-from recipe.mrtpo.core.relevance import relevance_against_reference, sampled_logprobs_from_logits
+from recipe.mrtpo.core.relevance import (
+    logsumexp_rows,
+    picked_logprobs,
+    relevance_against_reference,
+    sampled_logprobs_from_logits,
+)
 
 # forward(input_ids [b, L], attention_mask [b, L], position_ids [b, L], keep: int) -> logits [b, keep, V]
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -214,6 +220,7 @@ def replay_relevance(
     logprobs = torch.zeros(R, T, dtype=torch.float32)
     lp_variant = [0] * R if logprob_variant is None else [int(v) for v in logprob_variant.tolist()]
     refs: dict[int, torch.Tensor] = {}  # row -> P_all's response logits [T_r, V] (own storage)
+    lses: dict[int, torch.Tensor] = {}  # row -> P_all's log-normaliser [T_r] (compiled JS only)
     for mb in batches:
         ids, attn, pos, keep = _micro_batch_inputs(mb, variant_ids, responses, pad_id)
         logits = forward(ids.to(device), attn.to(device), pos.to(device), keep)
@@ -228,21 +235,31 @@ def replay_relevance(
             if mb[i].variant == 0:
                 # its own tensor: a copy, unless the micro-batch is this one sequence (then the view holds
                 # one position more than the copy would)
-                refs[r] = resp[0] if len(mb) == 1 else resp[0].clone()
+                # its own tensor: a copy, unless nothing else of the micro-batch outlives this row (the
+                # forward is this one sequence, or the row's last sequence is in it too)
+                alone = len(mb) == 1 or mb[j - 1].last_of_row
+                refs[r] = resp[0] if alone else resp[0].clone()
                 resp, first = resp[1:], i + 1
+                if compiled_js:  # P_all's log-normaliser, once per row, shared by every variant's JSD
+                    lses[r] = logsumexp_rows(refs[r], temperature, chunk_size, compiled=True)
             ids_r = responses[r, :n_resp].to(device)
             mask_r = response_mask[r, :n_resp].to(device)
             want_lp = mb[i].variant == 0 and lp_variant[r] == 0
             if first == j:  # P_all alone in this forward: its variants come in the next ones
                 if want_lp:
-                    logprobs[r, :n_resp] = sampled_logprobs_from_logits(
-                        refs[r].unsqueeze(0), ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size
-                    )[0].cpu()
+                    lp_all = (
+                        picked_logprobs(refs[r], ids_r, temperature, lses[r]) * (mask_r > 0)
+                        if compiled_js
+                        else sampled_logprobs_from_logits(
+                            refs[r].unsqueeze(0), ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size
+                        )[0]
+                    )
+                    logprobs[r, :n_resp] = lp_all.cpu()
                 q = lp = None
             else:
                 q, lp = relevance_against_reference(
                     refs[r], resp, ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js,
-                    need_logp=want_lp,
+                    need_logp=want_lp, ref_lse=lses.get(r),
                 )
                 if want_lp:
                     logprobs[r, :n_resp] = lp.cpu()
@@ -253,6 +270,7 @@ def replay_relevance(
                     logprobs[r, :n_resp] = lpv[0].cpu()
             if mb[j - 1].last_of_row:
                 del refs[r]
+                lses.pop(r, None)
             del resp, q, lp
             i = j
         del logits
