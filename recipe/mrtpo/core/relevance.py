@@ -126,8 +126,8 @@ def _logsumexp_functional(x: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 _COMPILED: dict[str, object] = {}
-_FUNCTIONAL = {"ref": _jsd_from_logits_functional, "both": _jsd_both_from_logits_functional,
-               "lse": _jsd_lse_from_logits_functional, "logsumexp": _logsumexp_functional}
+_FUNCTIONAL = {"both": _jsd_both_from_logits_functional, "lse": _jsd_lse_from_logits_functional,
+               "logsumexp": _logsumexp_functional}
 
 
 def _compiled(name: str):
@@ -141,9 +141,9 @@ def _compiled(name: str):
 
 def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float,
                lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The compiled fused kernel (``kind`` "ref": ``a`` is P_all's log-probs; "both": ``a`` is raw
-    logits; "lse": raw logits and their log-normaliser ``lse``); rows it returns as NaN (NaN / +inf
-    logits: hostile input) are recomputed by the eager path, which repairs them."""
+    """The compiled fused kernel (``kind`` "both": ``a`` is raw logits; "lse": raw logits and their
+    log-normaliser ``lse``); rows it returns as NaN (NaN / +inf logits: hostile input) are recomputed by
+    the eager path, which repairs them."""
     if kind == "lse":
         out = _compiled(kind)(a, lse, xq, logsumexp_rows(xq, temperature, compiled=True), temperature)
     else:
@@ -151,7 +151,7 @@ def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float,
     bad = torch.isnan(out)
     if bool(bad.any()):
         rows = bad.nonzero(as_tuple=False).squeeze(-1)
-        lp = a.index_select(0, rows) if kind == "ref" else _log_softmax_fp32(a.index_select(0, rows), temperature)
+        lp = _log_softmax_fp32(a.index_select(0, rows), temperature)
         out[rows] = _jsd_rows(lp, _log_softmax_fp32(xq.index_select(0, rows), temperature))
     return out
 
@@ -296,9 +296,6 @@ def relevance_against_reference(
         picked = ids.index_select(0, rows).unsqueeze(-1)
         logp[rows] = lp.gather(-1, picked).squeeze(-1)
         for j in range(J):
-            if compiled and measure != "logprob_contrast":
-                q[j, rows] = _fused_jsd("ref", lp, _rows(logits_variants[j], rows, contiguous), temperature)
-                continue
             lq = _log_softmax_fp32(_rows(logits_variants[j], rows, contiguous), temperature)
             if measure == "logprob_contrast":
                 q[j, rows] = (logp[rows] - lq.gather(-1, picked).squeeze(-1)).abs_()

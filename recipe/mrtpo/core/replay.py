@@ -233,8 +233,6 @@ def replay_relevance(
             resp = logits[i:j, keep - n_resp - 1 : keep - 1]  # position L-1-n+t predicts response token t
             first = i
             if mb[i].variant == 0:
-                # its own tensor: a copy, unless the micro-batch is this one sequence (then the view holds
-                # one position more than the copy would)
                 # its own tensor: a copy, unless nothing else of the micro-batch outlives this row (the
                 # forward is this one sequence, or the row's last sequence is in it too)
                 alone = len(mb) == 1 or mb[j - 1].last_of_row
@@ -246,15 +244,8 @@ def replay_relevance(
             mask_r = response_mask[r, :n_resp].to(device)
             want_lp = mb[i].variant == 0 and lp_variant[r] == 0
             if first == j:  # P_all alone in this forward: its variants come in the next ones
-                if want_lp:
-                    lp_all = (
-                        picked_logprobs(refs[r], ids_r, temperature, lses[r]) * (mask_r > 0)
-                        if compiled_js
-                        else sampled_logprobs_from_logits(
-                            refs[r].unsqueeze(0), ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size
-                        )[0]
-                    )
-                    logprobs[r, :n_resp] = lp_all.cpu()
+                if want_lp:  # z_y - logsumexp(z), the normaliser computed once (compiled JS) or here
+                    logprobs[r, :n_resp] = (picked_logprobs(refs[r], ids_r, temperature, lses.get(r)) * (mask_r > 0)).cpu()
                 q = lp = None
             else:
                 q, lp = relevance_against_reference(
