@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Optional
 
 import experiments.format_speed as package
+from data_prep import format_speed as builder
 from experiments.format_speed.common import LOG_PREFIX, METHODS, REPO, ExperimentError
 from experiments.format_speed.results import analyse
 from experiments.format_speed.runs import prepare_seed, run_method
 
 # the warm start of the measured runs: 1500 gold steps (400 left the copied argument right in 21% of
-# samples), demonstrations whose argument is right with p 0.8 (0.5 gave 26% right; 0.8 gives 63%)
+# samples); the demonstrations' probabilities are the data builder's defaults (data_prep.format_speed)
 DEFAULT_SFT = {"gold": 1500, "demo": 200, "full": 40}
 
 
@@ -36,8 +37,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="RL learning rate (default 3e-4; 1e-3 broke every response's JSON within 2 updates in the pilot)")
     ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--warmup", type=int, default=1, help="mrtpo.warmup_steps (default 1: step 1 is GDPO)")
-    ap.add_argument("--p-format", type=float, default=0.3, help="chance that a demonstration's frame is right")
-    ap.add_argument("--p-arg", type=float, default=0.8, help="chance that a demonstration's argument is right (default 0.8)")
+    ap.add_argument("--p-format", type=float, default=builder.P_FORMAT,
+                    help=f"chance that a demonstration's frame is right (default {builder.P_FORMAT})")
+    ap.add_argument("--p-arg", type=float, default=builder.P_ARG,
+                    help=f"chance that a demonstration's argument is right (default {builder.P_ARG})")
     ap.add_argument("--n-sft", type=int, default=4000)
     ap.add_argument("--sft-gold-steps", type=int, default=DEFAULT_SFT["gold"], help="SFT phase 1 (gold calls)")
     ap.add_argument("--sft-demo-steps", type=int, default=DEFAULT_SFT["demo"], help="SFT phase 2 (demonstrations)")

@@ -34,7 +34,7 @@ IM_END = 151645  # special: decoded as "" by the reward manager
 
 @pytest.fixture(scope="module")
 def splits():
-    return builder.build_splits(seed=3, n_sft=2000, n_train=64, n_test=32)
+    return builder.build_splits(seed=3, n_sft=2000, n_train=64, n_test=32, p_arg=0.5)  # the rate checked below
 
 
 # ------------------------------------------------------------------------------------------------ data
