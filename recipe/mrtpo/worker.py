@@ -43,6 +43,35 @@ def _sync_max(n: int) -> int:
     return sync_max_over_ranks(n)
 
 
+def _settings(data: TensorDict, keys: tuple[str, ...], method: str) -> dict:
+    """The non-tensor settings ``keys`` of ``data``; a clear error naming ``method`` when one is missing."""
+    settings = {k: tu.get(data, key=k) for k in keys}
+    missing = [k for k, v in settings.items() if v is None]
+    if missing:
+        raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
+    return settings
+
+
+def _pass_options(settings: dict, device, sync) -> dict:
+    """The keyword arguments that the replay and the OPSD teacher pass share (chunk_size / token_budget 0 = auto)."""
+    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
+    return {
+        "temperature": float(settings["temperature"]),
+        "micro_batch_size": int(settings["micro_batch_size"]),
+        "token_budget": budget if budget > 0 else None,
+        "chunk_size": chunk if chunk > 0 else None,
+        "pad_id": int(settings["pad_token_id"]),
+        "device": device,
+        "sync_forward_count": sync,
+    }
+
+
+def _forward_counts(out: dict, rows: int) -> torch.Tensor:
+    """[rows, 2] long: this rank's own and the agreed forward counts of a pass, the same on each of its rows."""
+    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
+    return counts.expand(rows, 2).clone()
+
+
 def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict:
     """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
 
@@ -52,11 +81,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict
     ``replay_logprobs`` [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 2]
     (this rank's own and agreed forward counts, the same on each of its rows).
     """
-    settings = {k: tu.get(data, key=k) for k in REPLAY_SETTINGS}
-    missing = [k for k, v in settings.items() if v is None]
-    if missing:
-        raise ValueError(f"compute_replay_relevance: settings {missing} missing (the trainer sends them from mrtpo.*)")
-    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
+    settings = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance")
     out = replay_relevance(
         forward,
         data["variant_ids"].cpu(),
@@ -64,24 +89,17 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict
         data["responses"].cpu(),
         data["response_mask"].cpu(),
         data["pair_variant"].cpu(),
-        temperature=float(settings["temperature"]),
         measure=str(settings["measure"]),
-        micro_batch_size=int(settings["micro_batch_size"]),
-        token_budget=budget if budget > 0 else None,
-        chunk_size=chunk if chunk > 0 else None,
-        pad_id=int(settings["pad_token_id"]),
-        device=device,
-        sync_forward_count=sync,
         compiled_js=bool(settings["compile_js"]),
         logprob_variant=data["logprob_variant"].cpu() if "logprob_variant" in data.keys() else None,
+        **_pass_options(settings, device, sync),
     )
     R = data["pair_variant"].shape[0]
-    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
     return TensorDict(
         {
             "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
             "replay_logprobs": out["replay_logprobs"],
-            "replay_forwards": counts.expand(R, 2).clone(),
+            "replay_forwards": _forward_counts(out, R),
         },
         batch_size=[R],
     )
@@ -97,13 +115,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         Non-tensor settings in ``data``: :data:`REPLAY_SETTINGS`. Every rank agrees on the number of
         forwards before its first one (``_sync_max``), as FSDP's per-forward all-gathers require.
         """
-        engine = self.actor.engine
-        sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
-        if sp > 1:
-            raise NotImplementedError("the MRTPO replay runs the plain module forward: ulysses sequence parallel > 1 is not supported")
-        with engine.eval_mode(), torch.no_grad():
-            module = engine.module
-            return replay_rows(hf_forward(module), data, _module_device(module), _sync_max)
+        return self._no_grad_pass(replay_rows, data, "the MRTPO replay")
 
     # ------------------------------------------------------------------ OPSD (docs/opsd.md)
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -113,13 +125,18 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         Dispatched like ``compute_replay_relevance``: no grad, eval mode, the forward count agreed across
         ranks (``_sync_max``) before the first forward.
         """
+        return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
+
+    def _no_grad_pass(self, rows_fn, data: TensorDict, what: str) -> TensorDict:
+        """``rows_fn(forward, data, device, sync)`` through the actor's FSDP module in eval mode, without
+        gradients (the shared body of the two passes above)."""
         engine = self.actor.engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
-            raise NotImplementedError("the OPSD teacher pass runs the plain module forward: ulysses sequence parallel > 1 is not supported")
+            raise NotImplementedError(f"{what} runs the plain module forward: ulysses sequence parallel > 1 is not supported")
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
-            return opsd_teacher_rows(hf_forward(module), data, _module_device(module), _sync_max)
+            return rows_fn(hf_forward(module), data, _module_device(module), _sync_max)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
@@ -150,11 +167,7 @@ def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max) -> Tens
     from recipe.mrtpo.core.opsd import teacher_topk_rows
     from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
 
-    settings = {k: tu.get(data, key=k) for k in TEACHER_SETTINGS}
-    missing = [k for k, v in settings.items() if v is None]
-    if missing:
-        raise ValueError(f"compute_opsd_teacher: settings {missing} missing (the trainer sends them from mrtpo.*)")
-    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
+    settings = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher")
     out = teacher_topk_rows(
         forward,
         data["prompt_ids"].cpu(),
@@ -162,22 +175,15 @@ def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max) -> Tens
         data["responses"].cpu(),
         data["response_mask"].cpu(),
         k=int(settings["topk"]),
-        temperature=float(settings["temperature"]),
-        micro_batch_size=int(settings["micro_batch_size"]),
-        token_budget=budget if budget > 0 else None,
-        chunk_size=chunk if chunk > 0 else None,
-        pad_id=int(settings["pad_token_id"]),
-        device=device,
-        sync_forward_count=sync,
+        **_pass_options(settings, device, sync),
     )
     R = data["prompt_lens"].shape[0]
-    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
     return TensorDict(
         {
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"],
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": counts.expand(R, 2).clone(),
+            "teacher_forwards": _forward_counts(out, R),
         },
         batch_size=[R],
     )

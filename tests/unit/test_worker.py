@@ -1,0 +1,132 @@
+"""The worker's two no-grad passes (``compute_replay_relevance``, ``compute_opsd_teacher``) through the class
+itself, with a stand-in for verl's engine around a tiny Qwen2 (no Ray): what the class adds to the row
+functions is eval mode, no gradients, the module's device, the settings check and the refusal of sequence
+parallelism."""
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recipe.mrtpo.core.replay import hf_forward
+from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+from recipe.mrtpo.worker import REPLAY_SETTINGS, MRTPOActorRolloutRefWorker, opsd_teacher_rows, replay_rows
+
+SETTINGS = {
+    "temperature": 0.9,
+    "measure": "js_distance",
+    "micro_batch_size": 2,
+    "token_budget": 0,
+    "chunk_size": 0,
+    "pad_token_id": 0,
+    "compile_js": False,
+    "topk": 3,
+}
+
+
+class Engine:
+    """What the worker reads of verl's FSDP engine: ``module``, ``eval_mode()``, the sequence-parallel size."""
+
+    def __init__(self, module, sp=1):
+        self.module, self.ulysses_sequence_parallel_size, self.entered = module, sp, []
+
+    @contextlib.contextmanager
+    def eval_mode(self):
+        self.module.eval()
+        self.entered.append(True)
+        try:
+            yield
+        finally:
+            self.module.train()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+
+    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
+    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():  # a random init barely reacts to the prompt: sharpen it
+        for p in m.parameters():
+            p.mul_(8.0)
+    return m
+
+
+def worker_around(engine):
+    w = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)  # no Ray, no FSDP: only the binding
+    w.actor = SimpleNamespace(engine=engine)
+    return w
+
+
+def with_settings(tensors, keys, drop=()):
+    R = next(iter(tensors.values())).shape[0]
+    td = TensorDict(dict(tensors), batch_size=[R])
+    for k in keys:
+        if k not in drop:
+            td.set_non_tensor(k, SETTINGS[k])
+    return td
+
+
+def rows():
+    g = torch.Generator().manual_seed(2)
+    responses = torch.randint(1, 150_000, (2, 5), generator=g)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    variants = torch.randint(1, 150_000, (2, 2, 6), generator=g)
+    variants[1, 1, :2] = 0  # left padding of a shorter P_minus
+    replay = {
+        "variant_ids": variants,
+        "variant_lens": torch.tensor([[6, 6], [6, 4]]),
+        "responses": responses,
+        "response_mask": mask,
+        "pair_variant": torch.tensor([[1, -1], [-1, 1]]),
+    }
+    prompts = variants[:, 0].clone()
+    prompts[1, :1] = 0
+    opsd = {"prompt_ids": prompts, "prompt_lens": torch.tensor([6, 5]), "responses": responses, "response_mask": mask}
+    return replay, opsd
+
+
+def test_the_worker_passes_equal_the_row_functions_in_eval_mode_without_grad(model):
+    replay, opsd = rows()
+    engine = Engine(model)
+    seen = []  # (grad enabled, training) at each forward
+    hook = model.register_forward_pre_hook(lambda m, _: seen.append((torch.is_grad_enabled(), m.training)))
+    model.train()
+    try:
+        got = worker_around(engine).compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {(False, False)}  # every forward in eval mode without grad
+    assert engine.entered == [True] and model.training  # through the engine's eval_mode, restored after
+    model.eval()
+    with torch.no_grad():
+        want = replay_rows(hf_forward(model), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
+    for key in ("variant_relevance", "replay_logprobs", "replay_forwards"):
+        assert torch.equal(got[key], want[key]), key
+    assert got["variant_relevance"].abs().sum() > 0 and got["replay_forwards"].tolist() == [[2, 2]] * 2  # 4 sequences, 2 a forward
+
+    got = worker_around(engine).compute_opsd_teacher(with_settings(opsd, TEACHER_SETTINGS))
+    with torch.no_grad():
+        want = opsd_teacher_rows(hf_forward(model), with_settings(opsd, TEACHER_SETTINGS), "cpu", sync=None)
+    for key in ("teacher_topk_logprobs", "teacher_topk_ids", "teacher_token_logprobs", "teacher_forwards"):
+        assert torch.equal(got[key], want[key]), key
+    assert got["teacher_topk_ids"].shape == (2, 5, 3) and len(engine.entered) == 2
+
+
+def test_the_worker_refuses_missing_settings_and_sequence_parallel(model):
+    replay, opsd = rows()
+    w = worker_around(Engine(model))
+    with pytest.raises(ValueError, match=r"compute_replay_relevance: settings \['chunk_size'\] missing"):
+        w.compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS, drop=("chunk_size",)))
+    with pytest.raises(ValueError, match=r"compute_opsd_teacher: settings \['topk'\] missing"):
+        w.compute_opsd_teacher(with_settings(opsd, TEACHER_SETTINGS, drop=("topk",)))
+    sp = worker_around(Engine(model, sp=2))
+    with pytest.raises(NotImplementedError, match="MRTPO replay .* ulysses"):
+        sp.compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
+    with pytest.raises(NotImplementedError, match="OPSD teacher pass .* ulysses"):
+        sp.compute_opsd_teacher(with_settings(opsd, TEACHER_SETTINGS))
