@@ -21,9 +21,6 @@ from pathlib import Path
 from experiments.format_speed.common import LOG_PREFIX, PROJECT, TASK
 from experiments.mini_credit.runs import method_overrides, run_verl, warm_start_seed
 
-# verl's FSDP default computes in bf16; a CPU without native bf16 (AVX2 only, as this machine) runs bf16
-# matmuls through a slow path: the pilot's update step took ~160 s for 16 responses under bf16.
-FP32_ACTOR = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 HEAVY_LOCK = Path(os.environ.get("MRTPO_HEAVY_LOCK", "/tmp/mrtpo-heavy.lock"))
 
 
@@ -46,10 +43,10 @@ def heavy_lock(path: Path = HEAVY_LOCK, log: Callable[[str], None] = print):
 
 def run_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int, steps: int, lr: float, beta: float,
                   warmup: int) -> list[str]:
-    """The slots miniature's overrides for ``method`` with this experiment's project name, and the actor in
-    fp32 (:data:`FP32_ACTOR`)."""
+    """The slots miniature's overrides for ``method`` (the actor in fp32 among them) with this experiment's
+    project name."""
     ov = method_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup)
-    return [f"trainer.project_name={PROJECT}" if o.startswith("trainer.project_name=") else o for o in ov] + [FP32_ACTOR]
+    return [f"trainer.project_name={PROJECT}" if o.startswith("trainer.project_name=") else o for o in ov]
 
 
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,

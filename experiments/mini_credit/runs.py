@@ -26,9 +26,10 @@ from recipe.mrtpo.tools.verl_log import STEP_LINE
 def method_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int, steps: int, lr: float,
                      beta: float, warmup: int, samples_per_step: int = 16) -> list[str]:
     """The verl overrides of one run: :func:`recipe.mrtpo.cpu.launcher.tiny_run_overrides` (4 prompts x 4
-    responses of <= 24 tokens) plus the method's estimator and switches, the seed, and relevance dumps
-    of every response for the replay methods."""
+    responses of <= 24 tokens) plus the method's estimator and switches, the seed, relevance dumps
+    of every response for the replay methods, and the actor in fp32 (last)."""
     from recipe.mrtpo.cpu.launcher import tiny_run_overrides
+    from recipe.mrtpo.cpu.runtime import FP32_ACTOR
 
     if method not in METHODS:
         raise ExperimentError(f"unknown method {method!r}; known: {sorted(METHODS)}")
@@ -47,7 +48,9 @@ def method_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: 
     if method in REPLAY_METHODS:
         ov += ["mrtpo.dump.every_n_steps=1", f"mrtpo.dump.max_samples={samples_per_step}",
                f"mrtpo.dump.dir={Path(run_dir) / 'relevance_dumps'}"]
-    return ov
+    # the actor in fp32, as every CPU run (cpu_overrides); named here so that it is part of the run's key:
+    # runs measured before it was the CPU default computed in bf16
+    return ov + [FP32_ACTOR]
 
 
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,

@@ -20,7 +20,6 @@ from recipe.mrtpo.cpu.launcher import run_cpu, tiny_run_overrides
 
 TIMEOUT_S = 600
 BETA, WARMUP = 0.5, 4
-FP32 = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
 def overrides(model: Path, data: Path, out: Path, estimator: str, steps: int, *extra: str, lr: float = 1e-3) -> list[str]:
@@ -37,7 +36,7 @@ def assert_ok(res, steps):
 @pytest.mark.timeout(2 * TIMEOUT_S + 120)  # two runs, each bounded by TIMEOUT_S
 def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tmp_path):
     dump_dir = tmp_path / "dumps"
-    common = [FP32, "trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={dump_dir}"]
+    common = ["trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={dump_dir}"]
     res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", 2, *common), tmp_path / "run1", TIMEOUT_S)
     assert_ok(res, [1, 2])
     s1, s2 = res.steps[1], res.steps[2]

