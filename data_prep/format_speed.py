@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from data_prep.common import fraction, print_data_card, write_parquet
+from data_prep.common import fraction, print_data_card, write_splits
 
 __all__ = ["DATA_SOURCE", "FORMAT_INSTRUCTION", "TOOLS", "CORRUPTIONS", "VALUES", "tool_spec", "reference_call",
            "gold_answer", "demo_answer", "prompt_text", "verifier_block_text", "draw_example", "make_row",
@@ -211,12 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as e:
         print(f"format_speed: {e}", file=sys.stderr)
         return 2
-    written = {}
-    for split, rows in splits.items():
-        if rows:
-            path = args.out_dir / f"{split}.parquet"
-            written[split] = (path, len(rows), write_parquet(rows, path))
     rows = [r for rs in splits.values() for r in rs]
+    written = write_splits(rows, args.out_dir)  # by extra_info["split"]; the index is already 0..n-1 per split
     print_data_card(
         f"format_speed (seed {args.seed}, p_format {args.p_format:g}, p_arg {args.p_arg:g})",
         rows,

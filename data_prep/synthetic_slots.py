@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from data_prep.common import fraction, print_data_card, write_parquet
+from data_prep.common import fraction, print_data_card, write_splits
 from recipe.mrtpo.tasks.synthetic_slots import (
     DATA_SOURCE,
     LABELS,
@@ -152,12 +152,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as e:
         print(f"synthetic_slots: {e}", file=sys.stderr)
         return 2
-    written = {}
-    for split, rows in splits.items():
-        if rows:
-            path = args.out_dir / f"{split}.parquet"
-            written[split] = (path, len(rows), write_parquet(rows, path))
     rows = [r for rs in splits.values() for r in rs]
+    written = write_splits(rows, args.out_dir)  # by extra_info["split"]; the index is already 0..n-1 per split
     print_data_card(
         f"synthetic_slots (seed {args.seed}, {args.slots} slots, p_correct {args.p_correct:g})",
         rows,
