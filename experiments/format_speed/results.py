@@ -14,7 +14,7 @@ from typing import Optional
 
 from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, ExperimentError
 from experiments.format_speed.diagnostic import dump_records, summarise
-from recipe.mrtpo.tools.report.series import first_reach, mean_spread, reward_series
+from recipe.mrtpo.tools.report.series import first_reach, mean_spread, permutation_p, reward_series
 from recipe.mrtpo.tools.verl_log import parse_console_log
 
 
@@ -89,6 +89,7 @@ def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], ste
         row["correctness_start"] = _ms(c["start"] for c in cor.values())
         row["correctness_final"] = _ms(c["final"] for c in cor.values())
         row["correctness_gain"] = _ms(c["final"] - c["start"] for c in cor.values())
+        row["format_after_per_seed"] = {str(s): c["after"] for s, c in fmt.items() if c["after"] is not None}
         row["format_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in fmt.items()}
         row["correctness_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in cor.items()}
         diags = [r["diagnostic"] for r in runs.values() if r.get("diagnostic") and r["diagnostic"]["responses"]]
@@ -105,6 +106,49 @@ def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], ste
             row["diagnostic"] = None
         table[method] = row
     return table
+
+
+#: what :func:`compare` tests, per seed: steps to the threshold (not reached = steps + 1), format after N steps,
+#: the correctness gain
+COMPARED = ("reach", "format_after", "correctness_gain")
+
+
+def compare(table: dict, steps: int, ref: str = "mrtpo") -> dict:
+    """``ref`` against each other method over their seeds: ``{method: {quantity: {"diff", "p"}}}`` with the
+    difference of the means (``ref`` minus the method) and the exact two-sided permutation p
+    (:func:`recipe.mrtpo.tools.report.series.permutation_p`) of each of :data:`COMPARED`."""
+    def per_seed(row: dict, quantity: str) -> list[float]:
+        if quantity == "reach":
+            return [steps + 1 if v is None else v for v in row["reach"]["per_seed"].values()]
+        return list(row[f"{quantity}_per_seed"].values())
+
+    if ref not in table or not table[ref]["n"]:
+        return {}
+    out = {}
+    for method, row in table.items():
+        if method == ref or not row["n"]:
+            continue
+        out[method] = {}
+        for q in COMPARED:
+            a, b = per_seed(table[ref], q), per_seed(row, q)
+            out[method][q] = {"diff": sum(a) / len(a) - sum(b) / len(b) if a and b else None, "p": permutation_p(a, b)}
+    return out
+
+
+def render_comparison(comparison: dict, steps: int, after_steps: int, ref: str = "mrtpo") -> list[str]:
+    if not comparison:
+        return []
+    lines = ["", f"{ref} against each method (difference of the means over seeds, {ref} minus the method, and the exact "
+             f"two-sided permutation p over seeds; a seed that never reached the threshold counts as {steps + 1}):", "",
+             f"| method | steps to format: difference | p | format after {after_steps} steps: difference | p "
+             "| correctness gain: difference | p |", "| --- |" + " ---: |" * 6]
+    for method, c in comparison.items():
+        cells = []
+        for q, digits in (("reach", 1), ("format_after", 2), ("correctness_gain", 3)):
+            d, p = c[q]["diff"], c[q]["p"]
+            cells += ["–" if d is None else f"{d:+.{digits}f}", "–" if p is None else f"{p:.2f}"]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _fmt(ms: tuple, pct: bool = False, digits: int = 2) -> str:
@@ -179,6 +223,7 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             ps = row["reach"]["per_seed"]
             lines.append(f"| {method} | " + " | ".join(
                 ("–" if ps.get(str(s)) is None else str(ps[str(s)])) if str(s) in ps else "" for s in all_seeds) + " |")
+    lines += render_comparison(compare(table, steps), steps, after_steps)
     diag = [(m, r["diagnostic"]) for m, r in table.items() if r.get("diagnostic")]
     if diag:
         lines += ["", "Localisation of the replay (relevance dumps of every step, all 16 responses; mean ± std over seeds):", "",
@@ -313,6 +358,7 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
         return o
 
     results = {"threshold": threshold, "window": window, "after_steps": after_steps, "steps": steps, "table": table,
+               "comparison": compare(table, steps),
                "runs": {f"{m}_seed{s}": e for (m, s), e in per_run.items()}, "sft": sft}
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, default=str))
     for name, fn in (("curves.png", lambda p: plot_curves(per_run, methods, seeds, threshold, p)),

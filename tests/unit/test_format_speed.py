@@ -273,7 +273,14 @@ def test_analyse_builds_the_table_from_fake_runs(tmp_path):
     for name in ("results.md", "curves.png", "diagnostic.png"):
         assert (tmp_path / "docs" / name).is_file()
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "results.json").read_text())["table"]["mrtpo"]["n"] == 2
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["table"]["mrtpo"]["n"] == 2
+    # mrtpo against gdpo over seeds: steps 3, 3 against 4, 6 (not reached = steps + 1); 2 of the 6 labellings
+    # of {3, 3, 4, 6} are as far apart as the observed one
+    c = saved["comparison"]
+    assert set(c) == {"gdpo"} and c["gdpo"]["reach"]["diff"] == pytest.approx(-2.0)
+    assert c["gdpo"]["reach"]["p"] == pytest.approx(2 / 6) and c["gdpo"]["format_after"]["diff"] == pytest.approx(0.35)
+    assert "| gdpo | -2.0 | 0.33 | +0.35 | 0.33 |" in md
 
 
 def test_analyse_only_exits_nonzero_on_failed_runs(tmp_path, capsys):

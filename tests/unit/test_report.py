@@ -18,7 +18,7 @@ import pytest
 
 from recipe.mrtpo.tools.report.build import build_report, main
 from recipe.mrtpo.tools.report.discovery import parse_run_name, resolve_meta
-from recipe.mrtpo.tools.report.series import first_reach, mean_spread
+from recipe.mrtpo.tools.report.series import first_reach, mean_spread, permutation_p
 from recipe.mrtpo.tools.report.table import format_cell
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +72,18 @@ def test_mean_spread_and_cells():
     assert format_cell(*mean_spread([0.7]), 100.0) == "70.0"
     assert format_cell(*mean_spread([]), 100.0) == "–"
     assert format_cell(*mean_spread([12.0, 14.0, float("nan")]), 1.0) == "13 ± 1.414 (n=2)"
+
+
+def test_permutation_p():
+    assert permutation_p([1.0] * 6, [2.0] * 6) == pytest.approx(2 / 924)  # only the two extreme labellings
+    assert permutation_p([10, 11, 12], [6, 8, 8]) == pytest.approx(2 / 20)  # the smallest p with 3 against 3
+    assert permutation_p([1, 2, 3], [3, 2, 1]) == 1.0 and permutation_p([], [1.0]) is None
+    assert permutation_p([0, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 0]) == pytest.approx(74 / 924)  # ties count
+    # beyond max_exact: seeded random labellings, close to the exact value and reproducible
+    a, b = [0.1 * i for i in range(8)], [0.1 * i + 0.35 for i in range(8)]
+    exact = permutation_p(a, b)
+    sampled = permutation_p(a, b, max_exact=5000)
+    assert sampled == permutation_p(a, b, max_exact=5000) and abs(sampled - exact) < 0.02
 
 
 def test_run_names_and_run_json(tmp_path):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
 from recipe.mrtpo.tools.report.discovery import TrainRun
@@ -42,6 +44,31 @@ def mean_spread(values: Iterable[float]) -> tuple[Optional[float], Optional[floa
     if n < 2:
         return mean, None, n
     return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)), n
+
+
+def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 50_000, seed: int = 0) -> Optional[float]:
+    """Two-sided permutation p-value of the difference of means of ``a`` and ``b`` (seeds of two methods).
+
+    p = share of the relabelings of the pooled values (``len(a)`` of them to the first group) whose
+    ``|mean_1 - mean_2|`` is at least the observed one; the observed labelling counts, so p >= 1/C(n, len(a)).
+    Exact over all C(n, len(a)) labellings up to ``max_exact`` of them, else over ``max_exact`` random ones
+    (seeded) plus the observed. ``None`` when either side is empty.
+    """
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if not a or not b:
+        return None
+    pooled, k, total = a + b, len(a), sum(a) + sum(b)
+
+    def diff(first_sum: float) -> float:
+        return abs(first_sum / k - (total - first_sum) / len(b))
+
+    observed = diff(sum(a)) - 1e-9 * (1.0 + abs(total))  # ties count as "at least as extreme"
+    if math.comb(len(pooled), k) <= max_exact:
+        sums = [sum(c) for c in itertools.combinations(pooled, k)]
+    else:
+        rng = random.Random(seed)
+        sums = [sum(a)] + [sum(rng.sample(pooled, k)) for _ in range(max_exact)]
+    return sum(diff(x) >= observed for x in sums) / len(sums)
 
 
 def curve_stats(runs: list[TrainRun], reward: str) -> dict:
