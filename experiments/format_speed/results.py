@@ -94,11 +94,12 @@ def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], ste
         row["correctness_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in cor.items()}
         diags = [r["diagnostic"] for r in runs.values() if r.get("diagnostic") and r["diagnostic"]["responses"]]
         if diags:
-            d: dict = {key: _ms(x[key] for x in diags) for key in
-                       ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "q_format_on_tag", "q_format_on_arg",
-                        "q_correctness_on_arg", "q_correctness_on_tag", "tag_share", "arg_share")}
-            d["conflict"] = {key: _ms(x["conflict"][key] for x in diags)
-                             for key in ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed")}
+            d: dict = {key: _ms(x.get(key) for x in diags) for key in
+                       ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close",
+                        "q_format_on_tag", "q_format_on_arg", "q_correctness_on_arg", "q_correctness_on_tag", "tag_share",
+                        "arg_share", "q_format_on_close", "close_share")}
+            d["conflict"] = {key: _ms(x["conflict"].get(key) for x in diags)
+                             for key in ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close")}
             for key in ("responses", "with_format_advantage", "conflicts"):
                 d[key] = sum(x[key] for x in diags)
             row["diagnostic"] = d
@@ -243,6 +244,14 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             lines.append(f"| {m} | {d['with_format_advantage']} | {d['conflicts']} | {_fmt(d['gdpo_agree'], True)} | "
                          f"{_fmt(d['mrtpo_agree'], True)} | {_fmt(c['gdpo_agree'], True)} | {_fmt(c['mrtpo_agree'], True)} | "
                          f"{_fmt(d['gdpo_signed'])} | {_fmt(d['mrtpo_signed'])} | {_fmt(c['gdpo_signed'])} | {_fmt(c['mrtpo_signed'])} |")
+        lines += ["", "The closing position (the token where the closing tag has to begin, where most broken frames break; "
+                  "same batches):", "",
+                  "| dumps of | q_format there | its share of the tokens | format credit kept there: GDPO | MRTPO "
+                  "| same, conflicts: GDPO | MRTPO |", "| --- |" + " ---: |" * 6]
+        for m, d in diag:
+            c = d["conflict"]
+            lines.append(f"| {m} | {_fmt(d['q_format_on_close'], True)} | {_fmt(d['close_share'], True)} | "
+                         f"{_fmt(d['gdpo_close'])} | {_fmt(d['mrtpo_close'])} | {_fmt(c['gdpo_close'])} | {_fmt(c['mrtpo_close'])} |")
     lines += unfinished or []
     if wall:
         total = sum(v for v in wall.values() if v)

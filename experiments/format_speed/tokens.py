@@ -9,7 +9,11 @@ of the argument's value; :func:`token_roles` maps them to token positions:
   breaks, the closing tag or what stands in its place, text after it) and the special tokens after the
   object (the end token, empty when decoded): the tokens where the frame is made or broken, which is
   what the format reward decides on in this task (the object's inside is the same in every demonstration);
-- **argument tokens**: the tokens that overlap the argument's value (what correctness decides on).
+- **argument tokens**: the tokens that overlap the argument's value (what correctness decides on);
+- **the closing position**: the first token that starts after the object (and after one line break right
+  after it), where the closing tag has to begin: ``</tool_call>`` in a good frame, ``</``, ``}``, the end
+  token in a broken one. It is where most broken frames break (only text after a closed block breaks
+  later); the tokens after it follow from what was sampled there.
 
 The text is rebuilt from the per-token strings of a relevance dump with special tokens as empty strings,
 as the reward manager decodes (``skip_special_tokens=True``).
@@ -62,8 +66,9 @@ def call_spans(text: str) -> Optional[dict]:
 
 def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: int,
                 special_ids: Optional[set] = None) -> Optional[dict]:
-    """``{"tag": [positions], "argument": [positions]}`` of the first ``valid`` tokens (see the module
-    docstring), or ``None`` when the response holds no decodable call (nothing to attribute)."""
+    """``{"tag": [positions], "argument": [positions], "close": [position] or []}`` of the first ``valid``
+    tokens (see the module docstring), or ``None`` when the response holds no decodable call (nothing to
+    attribute)."""
     special = _special_ids() if special_ids is None else special_ids
     pieces, starts, pos = [], [], 0
     for t in range(valid):
@@ -71,14 +76,17 @@ def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: i
         starts.append(pos)
         pieces.append(piece)
         pos += len(piece)
-    spans = call_spans("".join(pieces))
+    text = "".join(pieces)
+    spans = call_spans(text)
     if spans is None:
         return None
     lo, hi = spans["object"]
+    after = hi + 1 if text[hi:hi + 1] == "\n" else hi
+    close = next(([t] for t in range(valid) if starts[t] >= after), [])
     tag = [t for t in range(valid)
            if (pieces[t] and (starts[t] < lo or starts[t] + len(pieces[t]) > hi)) or (not pieces[t] and starts[t] >= hi)]
     arg = []
     if spans["value"] is not None:
         vlo, vhi = spans["value"]
         arg = [t for t in range(valid) if pieces[t] and starts[t] < vhi and starts[t] + len(pieces[t]) > vlo]
-    return {"tag": tag, "argument": arg}
+    return {"tag": tag, "argument": arg, "close": close}

@@ -129,9 +129,13 @@ def _ids(tokens):
 
 def test_token_roles():
     roles = token_roles(_ids(GOOD), GOOD, len(GOOD))
-    assert roles == {"tag": [0, 1, 18, 19, 20], "argument": [16, 17]}
-    assert token_roles(_ids(NO_CLOSE), NO_CLOSE, len(NO_CLOSE)) == {"tag": [0, 1, 19], "argument": [16, 17]}
+    assert roles == {"tag": [0, 1, 18, 19, 20], "argument": [16, 17], "close": [19]}  # </tool_call>
+    assert token_roles(_ids(NO_CLOSE), NO_CLOSE, len(NO_CLOSE)) == {"tag": [0, 1, 19], "argument": [16, 17], "close": [19]}
     assert token_roles(_ids(GARBLED), GARBLED, len(GARBLED))["tag"] == [0, 1, 18, 19, 20, 21, 22]
+    assert token_roles(_ids(GARBLED), GARBLED, len(GARBLED))["close"] == [19]  # </ (then tool>)
+    stray = GOOD[:18] + ["}}", "}\n", "</tool_call>", "<|im_end|>"]
+    assert token_roles(_ids(stray), stray, len(stray))["close"] == [19]  # the stray } where the tag should begin
+    assert token_roles(_ids(GOOD), GOOD, 19)["close"] == []  # cut before the closing position
     assert token_roles(_ids(GOOD), GOOD, 19)["tag"] == [0, 1, 18]  # only the valid prefix
     broken = GOOD[:12] + ["}", "<|im_end|>"]  # no decodable object: nothing to attribute
     assert token_roles(_ids(broken), broken, len(broken)) is None
@@ -197,6 +201,18 @@ def test_sign_diagnostic_on_a_hand_made_dump():
     assert recs[0]["q_format_on_tag"] == pytest.approx(good_tag, rel=1e-5)
     assert recs[0]["q_correctness_on_arg"] == pytest.approx(2 * 0.5 / (2 * 0.5 + 19 * 0.01), rel=1e-5)
     assert recs[0]["tag_share"] == pytest.approx(5 / 21) and recs[2]["tag_share"] == pytest.approx(3 / 20)
+    # the closing position (</tool_call> of GOOD, the end token of NO_CLOSE) is a tag token here
+    assert recs[0]["q_format_on_close"] == pytest.approx(0.5 / (5 * 0.5 + 16 * 0.01), rel=1e-5)
+    assert recs[0]["close_share"] == pytest.approx(1 / 21) and recs[2]["close_share"] == pytest.approx(1 / 20)
+    assert recs[1]["gdpo_close"] == pytest.approx(2.0, rel=1e-4) and recs[1]["mrtpo_close"] == pytest.approx(w_f + w_c, rel=1e-4)
+    assert recs[0]["gdpo_close"] == pytest.approx(0.0, abs=1e-4) and s["conflict"]["mrtpo_close"] > 0.5
+    # q_format on the end token alone: the closing position of GOOD gets w_format = 1 - beta, less than GDPO's 1
+    late = torch.ones(4, 2, len(GOOD))
+    late[:, 0] = 0.0
+    late[:, 0, len(GOOD) - 1] = 1.0  # GOOD's end token (NO_CLOSE's is its closing position, index 19)
+    good = dump_records(_dump(responses, scores, late), beta=0.5)[1]
+    assert good["q_format_on_close"] == 0.0 and good["gdpo_close"] == pytest.approx(2.0, rel=1e-4)
+    assert good["mrtpo_close"] == pytest.approx(0.5 + 1.0, rel=1e-4)  # w_format 0.5 + w_correctness 1 (uniform q)
     # uniform q: MRTPO is GDPO
     flat = _dump(responses, scores, torch.ones(4, 2, len(GOOD)))
     s2 = summarise(dump_records(flat, beta=0.5))
