@@ -11,7 +11,8 @@
 #   bash run_scripts/format_speed_experiment.sh --analyse-only      # only rebuild the table and plots
 #
 # Each verl run holds the machine-wide lock (/tmp/mrtpo-heavy.lock, MRTPO_HEAVY_LOCK) while it runs and
-# needs ~11 GiB of memory and ~8 min (~3.5 min of it start-up); finished runs are kept, so re-running resumes.
+# needs ~11 GiB of memory and ~5-6 min (~2 min of it start-up; 149 min for all 24); finished runs are kept, so
+# re-running resumes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
