@@ -117,8 +117,10 @@ def dump_records(dump: dict, beta: float, special_ids: Optional[set] = None) -> 
     return out
 
 
-_KEYS = ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close")
-_Q_KEYS = ("q_format_on_tag", "q_format_on_arg", "q_correctness_on_arg", "q_correctness_on_tag", "tag_share", "arg_share",
+#: the per-response keys averaged over the responses with a format advantage (and over the conflicts)
+SIGN_KEYS = ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close")
+#: the per-response keys averaged over every response (where q lies, and the shares of those tokens)
+Q_KEYS = ("q_format_on_tag", "q_format_on_arg", "q_correctness_on_arg", "q_correctness_on_tag", "tag_share", "arg_share",
            "q_format_on_close", "close_share")
 
 
@@ -133,7 +135,7 @@ def summarise(records: Sequence[dict]) -> dict:
     signed = [r for r in records if "gdpo_agree" in r]
     conflict = [r for r in signed if r["conflict"]]
     out = {"responses": len(records), "with_format_advantage": len(signed), "conflicts": len(conflict)}
-    out.update({k: mean(signed, k) for k in _KEYS})
-    out["conflict"] = {k: mean(conflict, k) for k in _KEYS}
-    out.update({k: mean(records, k) for k in _Q_KEYS})
+    out.update({k: mean(signed, k) for k in SIGN_KEYS})
+    out["conflict"] = {k: mean(conflict, k) for k in SIGN_KEYS}
+    out.update({k: mean(records, k) for k in Q_KEYS})
     return out

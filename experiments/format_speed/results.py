@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, ExperimentError
-from experiments.format_speed.diagnostic import dump_records, summarise
+from experiments.format_speed.diagnostic import Q_KEYS, SIGN_KEYS, dump_records, summarise
 from recipe.mrtpo.tools.report.series import first_reach, mean_spread, permutation_p, reward_series
 from recipe.mrtpo.tools.verl_log import parse_console_log
 
@@ -94,12 +94,8 @@ def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], ste
         row["correctness_gain_per_seed"] = {str(s): c["final"] - c["start"] for s, c in cor.items()}
         diags = [r["diagnostic"] for r in runs.values() if r.get("diagnostic") and r["diagnostic"]["responses"]]
         if diags:
-            d: dict = {key: _ms(x.get(key) for x in diags) for key in
-                       ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close",
-                        "q_format_on_tag", "q_format_on_arg", "q_correctness_on_arg", "q_correctness_on_tag", "tag_share",
-                        "arg_share", "q_format_on_close", "close_share")}
-            d["conflict"] = {key: _ms(x["conflict"].get(key) for x in diags)
-                             for key in ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close")}
+            d: dict = {key: _ms(x.get(key) for x in diags) for key in (*SIGN_KEYS, *Q_KEYS)}
+            d["conflict"] = {key: _ms(x["conflict"].get(key) for x in diags) for key in SIGN_KEYS}
             for key in ("responses", "with_format_advantage", "conflicts"):
                 d[key] = sum(x[key] for x in diags)
             row["diagnostic"] = d
