@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from data_prep.common import SkipLog, fraction, make_row
+from data_prep.if_rows import ABILITY, card_columns, verbatim_sentence
 from data_prep.public_sources import assign_splits, finish, load_or_exit
 
-__all__ = ["SOURCES", "RLVR_FUNCS", "convert_rlvr", "convert_multi", "build_rows", "main"]
+__all__ = ["SOURCES", "RLVR_FUNCS", "convert_rlvr", "convert_multi", "build_rows", "add_arguments", "run"]
 
-ABILITY = "instruction_following"
 IFEVAL_OPTIONS = {"My answer is yes.", "My answer is no.", "My answer is maybe."}
 
 
@@ -251,25 +251,17 @@ def _messages(rec: dict) -> Optional[list[dict]]:
 
 
 def _texts(ids: list[str], kwargs: list[dict], prompt: str, constraint: Any) -> list[str]:
-    from recipe.mrtpo.tasks.instruction_following import describe_constraint
-
     if len(ids) == 1 and isinstance(constraint, str) and constraint.strip() and constraint.strip() in prompt:
         return [constraint.strip()]
-    texts = []
-    for iid, kw in zip(ids, kwargs):
-        try:
-            sentence = (describe_constraint(iid, kw, seed="mrtpo-if-source")[0] or "").strip()
-        except (KeyError, ValueError, TypeError):
-            sentence = ""
-        texts.append(sentence if sentence and sentence in prompt else "")
-    return texts
+    return [verbatim_sentence(iid, kw, prompt, "mrtpo-if-source") for iid, kw in zip(ids, kwargs)]
 
 
-def build_rows(source: str, records: list[dict], skips: SkipLog, name: str) -> list[dict]:
-    """Rows from the loaded records (module docstring); bad records go to ``skips``."""
+def build_rows(source: str, records: list[tuple[str, int, dict]], skips: SkipLog) -> list[dict]:
+    """Rows from the loaded ``(file or hub name, line or row, record)`` triples (module docstring); bad
+    records go to ``skips``."""
     convert = SOURCES[source][1]
     rows, seen = [], set()
-    for n, rec in enumerate(records, start=1):
+    for k, (name, n, rec) in enumerate(records, start=1):  # k: the record's ordinal, n: its line
         msgs = _messages(rec)
         if msgs is None:
             skips.skip(name, n, "missing field 'messages' (or no user turn)")
@@ -284,7 +276,7 @@ def build_rows(source: str, records: list[dict], skips: SkipLog, name: str) -> l
             skips.skip(name, n, f"bad ground_truth: {e}")
             continue
         key = rec.get("key")
-        rid = str(key) if isinstance(key, (str, int)) and str(key).strip() else f"{source}-{n}"
+        rid = str(key) if isinstance(key, (str, int)) and str(key).strip() else f"{source}-{k}"
         if rid in seen:
             skips.skip(name, n, f"duplicate key: {rid}")
             continue
@@ -298,10 +290,9 @@ def build_rows(source: str, records: list[dict], skips: SkipLog, name: str) -> l
     return rows
 
 
-def build_parser(prog: str = "python -m data_prep.instruction_following") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="Build instruction-following parquet from a public "
-                                 "RLVR set (hub name or local files in its schema). Prints a data card.")
-    ap.add_argument("source", choices=sorted(SOURCES))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of the ``rlvr_ifeval`` / ``if_multi_constraints`` commands of
+    ``python -m data_prep.instruction_following``."""
     ap.add_argument("--input", default=None, help="hub name or local .json/.jsonl/.parquet file or folder "
                     "(default: the source's hub name)")
     ap.add_argument("--out-dir", type=Path, required=True, help="folder for train.parquet [/ test.parquet]")
@@ -310,26 +301,16 @@ def build_parser(prog: str = "python -m data_prep.instruction_following") -> arg
     ap.add_argument("--test-fraction", type=fraction, default=0.0, help="held-out share (default 0)")
     ap.add_argument("--limit", type=int, default=None, help="read only the first N records")
     ap.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the library's)")
-    return ap
 
 
-def card_columns():
-    from data_prep.instruction_following import card_columns as base
-
-    return base()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    name = args.input or SOURCES[args.source][0]
-    records = load_or_exit(name, split=args.split, cache_dir=args.cache_dir, limit=args.limit)
-    if records is None:
-        return 1
+def run(args: argparse.Namespace) -> int:
+    """Build one public set from parsed ``instruction_following`` arguments (``args.command``: the source)."""
+    name = args.input or SOURCES[args.command][0]
     skips = SkipLog()
-    rows = build_rows(args.source, records, skips, name)
+    loaded = load_or_exit(name, skips, split=args.split, cache_dir=args.cache_dir, limit=args.limit)
+    if loaded is None:
+        return 1
+    records, malformed = loaded
+    rows = build_rows(args.command, records, skips)
     assign_splits(rows, args.seed, args.test_fraction)
-    return finish(f"{args.source} ({name})", rows, args.out_dir, skips, len(records), card_columns())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return finish(f"{args.command} ({name})", rows, args.out_dir, skips, len(records) + malformed, card_columns())

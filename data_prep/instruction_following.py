@@ -40,6 +40,9 @@ checker's sentence for those arguments when it occurs verbatim in the prompt, el
 verifier then falls back to the checker's description, and the replay gives that reward uniform
 weights); the data card counts both.
 
+The peers' public training sets (``rlvr_ifeval``, ``if_multi_constraints``; a hub name or local files
+in their schema) are built by :mod:`data_prep.if_sources`, through the same command.
+
 CLI::
 
     python -m data_prep.instruction_following train --out-dir data/instruction_following \\
@@ -47,6 +50,8 @@ CLI::
         [--min-constraints 1] [--max-constraints 5] [--constraints random_passable | ID,ID,...]
     python -m data_prep.instruction_following eval --benchmark ifeval --out-dir data/ifeval
     python -m data_prep.instruction_following eval --benchmark ifbench --out-dir data/ifbench
+    python -m data_prep.instruction_following if_multi_constraints --out-dir data/if_multi_constraints
+    python -m data_prep.instruction_following rlvr_ifeval --input rlvr_ifeval.jsonl --out-dir data/rlvr_ifeval
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+from data_prep import if_sources
 from data_prep.chinook_db import assets_dir
 from data_prep.common import (
     REPO_ROOT,
@@ -72,6 +78,7 @@ from data_prep.common import (
     progress,
     write_splits,
 )
+from data_prep.if_rows import ABILITY, card_columns, verbatim_sentence
 
 __all__ = [
     "ABILITY",
@@ -91,7 +98,6 @@ __all__ = [
     "main",
 ]
 
-ABILITY = "instruction_following"
 DEFAULT_BASE_PROMPTS = REPO_ROOT / "data_prep" / "if_base_prompts.jsonl"
 _ASSETS = assets_dir() / "if"  # $MRTPO_ASSETS or <repo>/.assets
 #: benchmark -> (data_source, default input file)
@@ -390,18 +396,6 @@ def build_training_rows(
 # --------------------------------------------------------------------------------------------------
 
 
-def _verbatim_text(iid: str, kw: dict, prompt: str) -> str:
-    """The checker's sentence for these arguments if it occurs verbatim in ``prompt``, else ""."""
-    from recipe.mrtpo.tasks.instruction_following import describe_constraint
-
-    try:
-        sentence, _ = describe_constraint(iid, kw, seed="mrtpo-if-eval")
-    except (KeyError, ValueError, TypeError):
-        return ""
-    sentence = (sentence or "").strip()
-    return sentence if sentence and sentence in prompt else ""
-
-
 def build_eval_rows(
     benchmark: str, path: Optional[Path] = None, skips: Optional[SkipLog] = None
 ) -> tuple[list[dict], int]:
@@ -453,7 +447,7 @@ def build_eval_rows(
             "index": 0,
             "id": f"{benchmark}-{key}",
             "base_id": "",
-            "constraint_texts": [_verbatim_text(i, k, prompt) for i, k in zip(ids, kws)],
+            "constraint_texts": [verbatim_sentence(i, k, prompt, "mrtpo-if-eval") for i, k in zip(ids, kws)],
         }
         rows.append(make_row(data_source, [{"role": "user", "content": prompt}], ABILITY, ground_truth, extra))
     return rows, read
@@ -464,27 +458,12 @@ def build_eval_rows(
 # --------------------------------------------------------------------------------------------------
 
 
-def card_columns():
-    ids = lambda r: list(r["reward_model"]["ground_truth"]["instruction_id_list"])  # noqa: E731
-    return [
-        ("constraints per prompt", lambda r: len(r["reward_model"]["ground_truth"]["instruction_id_list"])),
-        ("source (IFEval / IFBench)", lambda r: ["IFEval" if ":" in i and i.split(":")[0] in _IFEVAL_FAMILIES
-                                                 else "IFBench" for i in ids(r)]),
-        ("constraint family", lambda r: [i.split(":", 1)[0] for i in ids(r)]),
-        ("Z_k verbatim in prompt", lambda r: ["yes" if t else "no" for t in r["extra_info"]["constraint_texts"]]),
-        ("instruction id", ids),
-    ]
-
-
-_IFEVAL_FAMILIES = {"keywords", "language", "length_constraints", "detectable_content", "detectable_format",
-                    "combination", "startend", "change_case", "punctuation"}
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.instruction_following",
         description="Build instruction-following parquet (verl layout): multi-constraint training prompts "
-        "('train') or the IFEval / IFBench evaluation sets ('eval'). Prints a data card.",
+        "('train'), the IFEval / IFBench evaluation sets ('eval') or a peer's public training set "
+        "('rlvr_ifeval', 'if_multi_constraints': hub name or local files). Prints a data card.",
         epilog=__doc__.split("CLI::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -508,16 +487,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--benchmark", choices=sorted(EVAL_SETS), required=True)
     ev.add_argument("--input", type=Path, default=None, help="JSON Lines (default: the packaged file in .assets/if)")
     ev.add_argument("--out-dir", type=Path, required=True, help="folder for test.parquet")
+    for source, (hub, _) in sorted(if_sources.SOURCES.items()):
+        if_sources.add_arguments(sub.add_parser(source, help=f"{hub} (hub name) or local files in its schema"))
     return ap
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("rlvr_ifeval", "if_multi_constraints"):  # public sets by hub name or local files
-        from data_prep.if_sources import main as public_main
-
-        return public_main(argv)
     args = build_parser().parse_args(argv)
+    if args.command in if_sources.SOURCES:
+        return if_sources.run(args)
     skips = SkipLog()
     if args.command == "train":
         try:

@@ -1,19 +1,23 @@
-"""Loading the public training sets by hub name or from local files, through one ``datasets`` code path.
+"""Loading the public training sets by hub name or from local files.
 
 :func:`load_records` takes ``NAME_OR_PATH``:
 
 - an existing local file (``.json`` / ``.jsonl`` / ``.parquet``; a JSON file may be a top-level array, as
   Spider, BIRD, xLAM, ToolACE and ToolRL ship theirs) or a folder (every such file under it, in sorted
-  order, e.g. a downloaded hub snapshot ``data/train-00000-of-00001.parquet``), read with
-  ``datasets.load_dataset("json" | "parquet", data_files=...)``;
+  order, e.g. a downloaded hub snapshot ``data/train-00000-of-00001.parquet``; JSON and parquet are
+  not mixed);
 - otherwise a hub name (``allenai/RLVR-IFeval``), read with ``datasets.load_dataset(name, split=...)``.
   That needs a machine that reaches the Hugging Face hub (or its cache); offline, ``datasets`` raises
   and the builders print the error and exit 1. A name that looks like a path (starts with ``.`` or
   ``/``, or ends in a data-file suffix) but does not exist is an error, never a hub look-up.
 
-Both give a ``datasets.Dataset``, turned into plain dicts in its order (deterministic for the same files).
-Records are numbered from 1 in that order; :class:`data_prep.common.SkipLog` entries carry that
-number as their "line" (``SKIP <name>:<row>: <reason>``).
+Local JSON and JSON Lines files are read with :func:`data_prep.common.load_records`, as every other
+builder reads its input: a malformed record (a broken line, a broken array element, a record that is
+not an object) is reported as ``SKIP <file>:<line>: <reason>``, counted, and the rest of the file is
+still read. Local parquet files and hub datasets are read through ``datasets`` (their records are
+numbered from 1 in file or split order, reported as ``SKIP <file or name>:<row>: <reason>``). Either
+way the records come as ``(file or hub name, line or row, record)`` triples, in sorted file order and
+file order within a file (deterministic for the same files).
 
 Every builder of the public sets (:mod:`data_prep.if_sources`, :mod:`data_prep.tool_sources`,
 :mod:`data_prep.sql_sources`) uses :func:`load_records` and :func:`finish`, which splits by the
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from data_prep.common import SkipLog, hash_split, print_data_card, write_splits
+from data_prep.common import load_records as common_load_records
 
 __all__ = ["DATA_SUFFIXES", "is_local", "local_files", "load_records", "assign_splits", "finish"]
 
@@ -66,20 +71,44 @@ def local_files(path: Path) -> tuple[str, list[str]]:
 
 def load_records(
     name_or_path: str,
+    skips: SkipLog,
     split: str = "train",
     cache_dir: Optional[str] = None,
     limit: Optional[int] = None,
     name: Optional[str] = None,
-) -> list[dict]:
-    """The records of a hub dataset or of local files in the same schema (module docstring)."""
+) -> tuple[list[tuple[str, int, dict]], int]:
+    """``(where, line or row, record)`` of a hub dataset or of local files in the same schema (module
+    docstring), at most ``limit`` of them, and the number of malformed records reported to ``skips``."""
+    before = skips.count
+    out: list[tuple[str, int, dict]] = []
+    if is_local(name_or_path):
+        builder, files = local_files(Path(name_or_path))
+        for f in files:
+            if limit is not None and len(out) >= limit:
+                break
+            if builder == "json":
+                for line, rec in common_load_records(f, skips)[0]:
+                    if isinstance(rec, dict):
+                        out.append((f, line, rec))
+                    else:
+                        skips.skip(f, line, f"not an object: {type(rec).__name__}")
+            else:
+                out += [(f, n, rec) for n, rec in enumerate(_dataset_records("parquet", f, split, cache_dir), 1)]
+    else:
+        out = [(name_or_path, n, rec) for n, rec in
+               enumerate(_dataset_records(name_or_path, None, split, cache_dir, name, limit), start=1)]
+    return (out if limit is None else out[: max(0, int(limit))]), skips.count - before
+
+
+def _dataset_records(builder: str, data_file: Optional[str], split: str, cache_dir: Optional[str],
+                     name: Optional[str] = None, limit: Optional[int] = None) -> list[dict]:
     import datasets
 
     kwargs: dict[str, Any] = {"cache_dir": str(cache_dir)} if cache_dir else {}
-    if is_local(name_or_path):
-        builder, files = local_files(Path(name_or_path))
-        ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", **kwargs)
+    if data_file is not None:
+        ds = datasets.load_dataset(builder, data_files={"train": [data_file]}, split="train", **kwargs)
     else:
-        ds = datasets.load_dataset(name_or_path, name, split=split, **kwargs)
+        ds = datasets.load_dataset(builder, name, split=split, **kwargs)
     n = len(ds) if limit is None else min(len(ds), max(0, int(limit)))
     return [dict(ds[i]) for i in range(n)]
 
@@ -109,10 +138,10 @@ def finish(
     return 0
 
 
-def load_or_exit(name_or_path: str, **kwargs) -> Optional[list[dict]]:
+def load_or_exit(name_or_path: str, skips: SkipLog, **kwargs) -> Optional[tuple[list[tuple[str, int, dict]], int]]:
     """:func:`load_records`, or None after printing why the input cannot be read."""
     try:
-        return load_records(name_or_path, **kwargs)
+        return load_records(name_or_path, skips, **kwargs)
     except Exception as e:  # noqa: BLE001 - any reader/hub failure is reported, not a traceback
         where = "local input" if is_local(name_or_path) else "hub dataset (is the machine online?)"
         print(f"error: cannot read {where} {name_or_path!r}: {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Tool-calling builder: BFCL's AST-checkable categories and xLAM-style JSON -> verl parquet.
+"""Tool-calling builder: BFCL's AST-checkable categories and the peers' public sets -> verl parquet.
 
 Prompt: a system message ``system + "\\n\\n" + render_tools_system_prompt(tools)`` (the tools section
 as Qwen2.5's chat template writes it, ``# Tools`` ... ``<tools></tools>`` with one JSON spec per line,
@@ -26,18 +26,9 @@ Split rule: within each category, rows ordered by ``sha256(f"{seed}:{id}")``; th
 ``round(test_fraction * n)`` are ``test`` (default 0.3), the rest ``train``
 (:func:`data_prep.common.hash_split`).
 
-xLAM-style JSON (``xlam``): a JSON array or JSON Lines of ``{"id"?, "query": str, "tools": JSON string
-(or list) of {"name", "description", "parameters": {param: {"type", "description", "default"?}}},
-"answers": JSON string (or list) of {"name", "arguments"}}``, as in Salesforce's
-xlam-function-calling-60k and Hammer's training data (which adds irrelevance rows with ``answers:
-[]``: the gold answer is then a plain-text refusal). xLAM parameter maps become JSON schema
-(``str`` -> ``string``, ``int`` -> ``integer``, ``List[...]`` -> ``array``, ...; a parameter without
-``default`` and without ", optional" is required); specs already in JSON-schema form are kept.
-Other sources must be brought to this shape first, e.g. ToolACE (``{"system": text holding a JSON
-tool list, "conversations": [{"from": "user"|"assistant", "value"}]}``, answers in Python call
-syntax ``[f(a=1)]``): take the tool list from the system text, the first user value as ``query``
-and parse the first assistant value into ``[{"name", "arguments"}]``. Split as for BFCL (one stratum),
-``--test-fraction`` default 0.05; data_source ``tool_calling``.
+The peers' public training sets (``toolrl``, ``toolace``, ``xlam``: ToolRL's RL mix, ToolACE,
+xlam-function-calling-60k / Hammer; a hub name or local files in their schema) are built by
+:mod:`data_prep.tool_sources`, through the same command, with the same prompt and ground truth.
 
 Every row is checked: the gold answer must score 1 on ``format`` and ``correctness``. A missing
 field, a broken JSON line, a tool/answer string that is not JSON, a BFCL question without answer, or
@@ -47,19 +38,20 @@ CLI::
 
     python -m data_prep.tool_calling bfcl --out-dir data/bfcl [--bfcl-dir .assets/bfcl] [--seed 0] \\
         [--test-fraction 0.3] [--categories simple_python,multiple,...]
+    python -m data_prep.tool_calling toolrl --input rlla_rl.json --out-dir data/toolrl [--reward toolrl]
+    python -m data_prep.tool_calling toolace --out-dir data/toolace
     python -m data_prep.tool_calling xlam --input xlam_function_calling_60k.json --out-dir data/xlam
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from data_prep import tool_sources
 from data_prep.chinook_db import assets_dir
 from data_prep.common import (
     SkipLog,
@@ -67,10 +59,22 @@ from data_prep.common import (
     hash_split,
     iter_json_records,
     load_records,
-    make_row,
     print_data_card,
     progress,
     write_splits,
+)
+from data_prep.tool_rows import (  # noqa: F401 - the row API, re-exported for callers of this module
+    ABILITY,
+    DEFAULT_SYSTEM,
+    REFUSAL,
+    _bfcl_function,
+    bfcl_schema,
+    card_columns,
+    gold_answer,
+    gold_check,
+    tool_messages,
+    tool_row,
+    xlam_tool_to_schema,
 )
 
 __all__ = [
@@ -84,13 +88,11 @@ __all__ = [
     "gold_answer",
     "gold_check",
     "build_bfcl_rows",
-    "build_xlam_rows",
+    "build_parser",
     "main",
 ]
 
-ABILITY = "tool_calling"
 DEFAULT_BFCL_DIR = assets_dir() / "bfcl"  # $MRTPO_ASSETS or <repo>/.assets
-DEFAULT_SYSTEM = "You are a helpful assistant."
 #: BFCL's single-turn categories with AST-checkable answers (possible_answer/).
 BFCL_CATEGORIES = (
     "simple_python",
@@ -103,128 +105,6 @@ BFCL_CATEGORIES = (
     "live_parallel_multiple",
 )
 DEFAULT_BFCL_TEST_FRACTION = 0.3
-DEFAULT_XLAM_TEST_FRACTION = 0.05
-REFUSAL = "None of the provided functions can answer this request."
-
-# BFCL's GORILLA_TO_OPENAPI type map (bfcl_eval/constants/type_mappings.py).
-_BFCL_TYPES = {
-    "integer": "integer", "number": "number", "float": "number", "string": "string", "boolean": "boolean",
-    "bool": "boolean", "array": "array", "list": "array", "dict": "object", "object": "object",
-    "tuple": "array", "any": "string", "byte": "integer", "short": "integer", "long": "integer",
-    "double": "number", "char": "string", "ArrayList": "array", "Array": "array", "HashMap": "object",
-    "Hashtable": "object", "Queue": "array", "Stack": "array", "Any": "string", "String": "string",
-    "Bigint": "integer",
-}
-
-
-# --------------------------------------------------------------------------------------------------
-# tools and messages
-# --------------------------------------------------------------------------------------------------
-
-
-def bfcl_schema(node: Any) -> Any:
-    """A BFCL parameter schema with its types mapped to JSON schema (recursive on properties/items)."""
-    if not isinstance(node, dict):
-        return node
-    out = dict(node)
-    if isinstance(out.get("type"), str):
-        out["type"] = _BFCL_TYPES.get(out["type"], out["type"])
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: bfcl_schema(v) for k, v in out["properties"].items()}
-    if isinstance(out.get("items"), dict):
-        out["items"] = bfcl_schema(out["items"])
-    if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = bfcl_schema(out["additionalProperties"])
-    return out
-
-
-def _bfcl_function(spec: dict) -> dict:
-    out = dict(spec)
-    if isinstance(out.get("parameters"), dict):
-        out["parameters"] = bfcl_schema(out["parameters"])
-    return out
-
-
-_XLAM_TYPES = {"str": "string", "string": "string", "int": "integer", "integer": "integer", "float": "number",
-               "number": "number", "bool": "boolean", "boolean": "boolean", "list": "array", "array": "array",
-               "dict": "object", "object": "object", "tuple": "array", "set": "array"}
-
-
-def _xlam_type(text: str) -> tuple[str, bool]:
-    """(JSON-schema type, optional) from an xLAM type string such as ``"List[int], optional"``."""
-    raw = str(text or "").strip()
-    optional = bool(re.search(r",\s*optional\s*$", raw, re.IGNORECASE))
-    base = re.sub(r",\s*optional\s*$", "", raw, flags=re.IGNORECASE).strip()
-    head = re.split(r"[\[\s|]", base, maxsplit=1)[0].lower()
-    if head in ("optional",):
-        inner = re.search(r"\[(.*)\]", base)
-        return _xlam_type(inner.group(1) if inner else "")[0], True
-    return _XLAM_TYPES.get(head, "string" if not head else head), optional
-
-
-def xlam_tool_to_schema(tool: dict) -> dict:
-    """An xLAM tool (parameters as ``{name: {type, description, default}}``) as a JSON-schema function
-    spec; a spec whose parameters already have ``"type": "object"`` is returned unchanged."""
-    params = tool.get("parameters")
-    if not isinstance(params, dict) or params.get("type") in ("object", "dict"):
-        return dict(tool) if params is not None else {**tool, "parameters": {"type": "object", "properties": {}}}
-    properties, required = {}, []
-    for name, p in params.items():
-        p = p if isinstance(p, dict) else {"description": str(p)}
-        typ, optional = _xlam_type(p.get("type", ""))
-        prop = {"type": typ}
-        if p.get("description"):
-            prop["description"] = str(p["description"])
-        if "default" in p and p["default"] not in (None, ""):
-            prop["default"] = p["default"]
-        properties[str(name)] = prop
-        if not optional and "default" not in p:
-            required.append(str(name))
-    out = {k: v for k, v in tool.items() if k != "parameters"}
-    out["parameters"] = {"type": "object", "properties": properties, "required": required}
-    return out
-
-
-def tool_messages(tools: list, user_turns: Sequence[dict], system: str = DEFAULT_SYSTEM) -> list[dict]:
-    """System message with the tools section and the format block, then the user turn(s)."""
-    from recipe.mrtpo.tasks.tool_calling import render_tools_system_prompt
-
-    return [{"role": "system", "content": system.strip() + "\n\n" + render_tools_system_prompt(tools)},
-            *[{"role": str(m["role"]), "content": str(m["content"])} for m in user_turns]]
-
-
-def gold_answer(calls: list) -> str:
-    """The gold response: ``render_tool_calls(calls)``, or a plain-text refusal when there is no call."""
-    from recipe.mrtpo.tasks.tool_calling import render_tool_calls
-
-    return render_tool_calls(calls) or REFUSAL
-
-
-def gold_check(ground_truth: dict) -> Optional[str]:
-    """None if the gold answer scores 1 on ``format`` and ``correctness``, else why not."""
-    from recipe.mrtpo.tasks.tool_calling import normalise_calls, score
-
-    try:
-        result = score(gold_answer(normalise_calls(json.loads(ground_truth["calls"]))), ground_truth, None)
-    except (ValueError, TypeError, KeyError) as e:
-        return f"bad reference calls: {e}"[:300]
-    failed = {k: v for k, v in result.scores.items() if v != 1.0}
-    if failed:
-        return f"gold answer fails the verifier: {failed} {result.info.get('format_error') or ''}"[:300]
-    return None
-
-
-def _tool_row(data_source: str, messages: list[dict], calls: list, tools: list, rid: str, category: str,
-              official: Optional[dict] = None) -> dict:
-    ground_truth = {
-        "calls": json.dumps(calls, ensure_ascii=False, sort_keys=True, allow_nan=False),
-        "tools": json.dumps(tools, ensure_ascii=False, sort_keys=True, allow_nan=False),
-    }
-    if official is not None:  # BFCL rows: the original function docs and possible answer
-        ground_truth["bfcl"] = json.dumps(official, ensure_ascii=False, sort_keys=True, allow_nan=False)
-    extra = {"split": "", "index": 0, "id": rid, "category": category}
-    return make_row(data_source, messages, ABILITY, ground_truth, extra)
-
 
 # --------------------------------------------------------------------------------------------------
 # BFCL
@@ -313,7 +193,7 @@ def build_bfcl_rows(
             turns = [m for m in messages if m["role"] != "system"]
             sys_text = "\n\n".join(own_system) if own_system else system
             official = {"id": rid, "category": category, "function": rec["function"], "ground_truth": answers[rid]}
-            row = _tool_row("bfcl", tool_messages(tools, turns, sys_text), calls, tools, rid, category, official)
+            row = tool_row("bfcl", tool_messages(tools, turns, sys_text), calls, tools, rid, category, official)
             why = gold_check(row["reward_model"]["ground_truth"])
             if why is not None:
                 skips.skip(qfile, line, f"{why} ({rid})")
@@ -335,104 +215,15 @@ def build_bfcl_rows(
 
 
 # --------------------------------------------------------------------------------------------------
-# xLAM-style
-# --------------------------------------------------------------------------------------------------
-
-
-def _json_field(rec: dict, key: str) -> Any:
-    value = rec.get(key)
-    if isinstance(value, str):
-        return json.loads(value)
-    return value
-
-
-def build_xlam_rows(
-    path: Path,
-    seed: int = 0,
-    test_fraction: float = DEFAULT_XLAM_TEST_FRACTION,
-    system: str = DEFAULT_SYSTEM,
-    skips: Optional[SkipLog] = None,
-    limit: Optional[int] = None,
-    data_source: str = "tool_calling",
-) -> tuple[list[dict], int]:
-    """Rows from an xLAM-style file (module docstring). Returns (rows, read)."""
-    from recipe.mrtpo.tasks.tool_calling import normalise_calls, normalise_tools
-
-    skips = skips if skips is not None else SkipLog()
-    path = Path(path)
-    records, read = load_records(path, skips)
-    rows, seen = [], set()
-    for position, (line, rec) in enumerate(progress(records, f"xlam:{path.name}")):
-        if limit is not None and len(rows) >= limit:
-            break
-        read += 1
-        if not isinstance(rec, dict):
-            skips.skip(path, line, f"not an object: {type(rec).__name__}")
-            continue
-        query = rec.get("query")
-        if not isinstance(query, str) or not query.strip():
-            skips.skip(path, line, "missing field 'query'")
-            continue
-        missing = [k for k in ("tools", "answers") if k not in rec or rec[k] is None]
-        if missing:
-            skips.skip(path, line, f"missing field {missing[0]!r}")
-            continue
-        try:
-            raw_tools = _json_field(rec, "tools")
-            raw_calls = _json_field(rec, "answers")
-        except ValueError as e:
-            skips.skip(path, line, f"broken JSON in 'tools' or 'answers': {e}")
-            continue
-        try:
-            if not isinstance(raw_tools, list) or not all(isinstance(t, dict) for t in raw_tools) or not raw_tools:
-                raise ValueError("'tools' must be a non-empty list of objects")
-            tools = normalise_tools([xlam_tool_to_schema(t) for t in raw_tools])
-            calls = normalise_calls(raw_calls)
-        except ValueError as e:
-            skips.skip(path, line, f"bad tools or answers: {e}")
-            continue
-        rid = str(rec["id"]) if isinstance(rec.get("id"), (str, int)) and not isinstance(rec.get("id"), bool) \
-            else f"{path.stem}-{position}"
-        if rid in seen:
-            skips.skip(path, line, f"duplicate id: {rid}")
-            continue
-        row = _tool_row(data_source, tool_messages(tools, [{"role": "user", "content": query.strip()}], system),
-                        calls, tools, rid, "irrelevance" if not calls else
-                        ("simple" if len(calls) == 1 else "parallel"))
-        why = gold_check(row["reward_model"]["ground_truth"])
-        if why is not None:
-            skips.skip(path, line, why)
-            continue
-        seen.add(rid)
-        rows.append(row)
-    splits = hash_split([r["extra_info"]["id"] for r in rows], seed, test_fraction)
-    for row, split in zip(rows, splits):
-        row["extra_info"]["split"] = split
-    return rows, read
-
-
-# --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
-
-
-def _bucket(n: int) -> str:
-    return str(n) if n < 10 else "10+"
-
-
-def card_columns():
-    return [
-        ("category", lambda r: r["extra_info"]["category"]),
-        ("reference calls", lambda r: len(json.loads(r["reward_model"]["ground_truth"]["calls"]))),
-        ("tools offered", lambda r: _bucket(len(json.loads(r["reward_model"]["ground_truth"]["tools"])))),
-    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.tool_calling",
         description="Build tool-calling parquet (verl layout) from BFCL's AST-checkable categories ('bfcl') or "
-        "an xLAM-style JSON file ('xlam'). Prints a data card.",
+        "a peer's public training set ('toolrl', 'toolace', 'xlam': hub name or local files). Prints a data card.",
         epilog=__doc__.split("CLI::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -444,36 +235,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--test-fraction", type=fraction, default=DEFAULT_BFCL_TEST_FRACTION,
                    help=f"test share per category (default {DEFAULT_BFCL_TEST_FRACTION})")
     b.add_argument("--limit", type=int, default=None, help="at most N rows per category")
-    x = sub.add_parser("xlam", help="xLAM / Hammer style JSON ({'query', 'tools', 'answers'})")
-    x.add_argument("--input", type=Path, required=True)
-    x.add_argument("--test-fraction", type=fraction, default=DEFAULT_XLAM_TEST_FRACTION,
-                   help=f"test share (default {DEFAULT_XLAM_TEST_FRACTION})")
-    x.add_argument("--limit", type=int, default=None, help="at most N rows")
-    for p in (b, x):
-        p.add_argument("--out-dir", type=Path, required=True, help="folder for train.parquet / test.parquet")
-        p.add_argument("--seed", type=int, default=0, help="seed of the train/test hash split")
-        p.add_argument("--system", default=DEFAULT_SYSTEM, help="system message before the tools section")
+    b.add_argument("--out-dir", type=Path, required=True, help="folder for train.parquet / test.parquet")
+    b.add_argument("--seed", type=int, default=0, help="seed of the train/test hash split")
+    b.add_argument("--system", default=DEFAULT_SYSTEM, help="system message before the tools section")
+    for source, (default, _) in tool_sources.SOURCES.items():
+        tool_sources.add_arguments(sub.add_parser(source, help=f"{tool_sources.TITLES[source]} "
+                                                  f"(default input {default}; local files in its schema)"))
     return ap
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("toolrl", "toolace", "xlam"):  # public sets by hub name or local files
-        from data_prep.tool_sources import main as public_main
-
-        return public_main(argv)
     args = build_parser().parse_args(argv)
+    if args.command in tool_sources.SOURCES:
+        return tool_sources.run(args)
     skips = SkipLog()
-    if args.command == "bfcl":
-        cats = [c.strip() for c in args.categories.split(",") if c.strip()]
-        bad = [c for c in cats if c not in BFCL_CATEGORIES]
-        if bad:
-            print(f"error: unknown categories {bad}; choose from {BFCL_CATEGORIES}", file=sys.stderr)
-            return 2
-        rows, read = build_bfcl_rows(args.bfcl_dir, cats, args.seed, args.test_fraction, args.system, skips,
-                                     args.limit)
-    else:
-        rows, read = build_xlam_rows(args.input, args.seed, args.test_fraction, args.system, skips, args.limit)
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
+    bad = [c for c in cats if c not in BFCL_CATEGORIES]
+    if bad:
+        print(f"error: unknown categories {bad}; choose from {BFCL_CATEGORIES}", file=sys.stderr)
+        return 2
+    rows, read = build_bfcl_rows(args.bfcl_dir, cats, args.seed, args.test_fraction, args.system, skips, args.limit)
     if not rows:
         print_data_card(args.command, rows, skips=skips, read=read)
         print("error: no rows built", file=sys.stderr)

@@ -23,8 +23,10 @@ or a local file or folder in the same schema, read by the same ``datasets`` code
   calls; a plain-text first assistant turn gives a no-call row (category ``irrelevance``). Tool
   parameter types are mapped as for BFCL (``dict`` -> ``object``, ...).
 - ``xlam`` (``Salesforce/xlam-function-calling-60k``, also Hammer's data): ``{"id", "query", "tools":
-  JSON string, "answers": JSON string}``, converted as :func:`data_prep.tool_calling.build_xlam_rows`
-  does (same prompt, ground truth and categories).
+  JSON string (or list), "answers": JSON string (or list)}``: xLAM parameter maps become JSON schema
+  (``str`` -> ``string``, ``List[...]`` -> ``array``, ...; a parameter without ``default`` and without
+  ", optional" is required; :func:`data_prep.tool_rows.xlam_tool_to_schema`); Hammer's irrelevance
+  rows (``answers: []``) become no-call rows whose gold answer is a plain-text refusal.
 
 Ground truth of ``tool_calling`` rows: ``{"calls": JSON [{"name", "arguments"}], "tools": JSON}`` (the
 verifier's plain shape); of ``toolrl`` rows the same plus ``answer`` (ToolRL's reference output).
@@ -47,16 +49,18 @@ from typing import Any, Optional
 
 from data_prep.common import SkipLog, fraction, make_row
 from data_prep.public_sources import assign_splits, finish, load_or_exit
+from data_prep.tool_rows import ABILITY, DEFAULT_SYSTEM, bfcl_schema, card_columns, gold_check, tool_messages, tool_row, xlam_tool_to_schema
 
-__all__ = ["SOURCES", "parse_python_calls", "toolrl_tools", "build_rows", "main"]
+__all__ = ["SOURCES", "parse_python_calls", "toolrl_tools", "build_rows", "add_arguments", "run"]
 
-ABILITY = "tool_calling"
 #: source -> (default input, default test fraction)
 SOURCES = {
     "toolrl": ("rlla_rl.json", 0.02),
     "toolace": ("Team-ACE/ToolACE", 0.05),
     "xlam": ("Salesforce/xlam-function-calling-60k", 0.05),
 }
+TITLES = {"toolrl": "ToolRL's RL mix (ToolACE, Hammer, xLAM)", "toolace": "ToolACE",
+          "xlam": "xLAM function calling 60k / Hammer ({'query', 'tools', 'answers'})"}
 REWARDS = ("mrtpo", "toolrl")
 
 
@@ -83,7 +87,6 @@ def _category(calls: list) -> str:
 
 def mrtpo_row(tools: list, user_turns: list[dict], calls: list, rid: str, system: str) -> dict:
     """A ``tool_calling`` row whose gold answer scores full marks (Skip otherwise)."""
-    from data_prep.tool_calling import gold_check, tool_messages
     from recipe.mrtpo.tasks.tool_calling import normalise_calls, normalise_tools
 
     try:
@@ -94,8 +97,7 @@ def mrtpo_row(tools: list, user_turns: list[dict], calls: list, rid: str, system
     why = gold_check(gt)
     if why is not None:
         raise Skip("gold answer fails the verifier", why.split(": ", 1)[-1])
-    extra = {"split": "", "index": 0, "id": rid, "category": _category(calls)}
-    return make_row("tool_calling", tool_messages(tools, user_turns, system), ABILITY, gt, extra)
+    return tool_row("tool_calling", tool_messages(tools, user_turns, system), calls, tools, rid, _category(calls))
 
 
 def toolrl_row(instruction: str, user: str, answer: str, tools: list, rid: str) -> dict:
@@ -135,8 +137,6 @@ _SINGLE_USER = re.compile(r"^\s*\*\*Dialogue Records History\*\*\s*<user>(?P<q>.
 
 def toolrl_tools(instruction: str) -> list[dict]:
     """The tools listed in a ToolRL system prompt, as JSON-schema specs (Skip when one is malformed)."""
-    from data_prep.tool_calling import xlam_tool_to_schema
-
     tools = []
     for m in _TOOL_ENTRY.finditer(instruction):
         try:
@@ -234,8 +234,6 @@ def parse_python_calls(text: str) -> list[dict]:
 
 
 def _toolace_tools(system: str) -> list[dict]:
-    from data_prep.tool_calling import bfcl_schema
-
     marker = system.find("that you can invoke:")
     start = system.find("[", marker if marker >= 0 else 0)
     if start < 0:
@@ -291,8 +289,6 @@ def _toolace(rec: dict, rid: str, reward: str, system: str) -> dict:
 
 
 def _xlam(rec: dict, rid: str, reward: str, system: str) -> dict:
-    from data_prep.tool_calling import xlam_tool_to_schema
-
     query = rec.get("query")
     if not isinstance(query, str) or not query.strip():
         raise Skip("missing field 'query'")
@@ -312,21 +308,20 @@ def _xlam(rec: dict, rid: str, reward: str, system: str) -> dict:
 _CONVERTERS = {"toolrl": _toolrl, "toolace": _toolace, "xlam": _xlam}
 
 
-def build_rows(source: str, records: list[dict], skips: SkipLog, name: str, reward: str = "mrtpo",
+def build_rows(source: str, records: list[tuple[str, int, dict]], skips: SkipLog, reward: str = "mrtpo",
                system: Optional[str] = None) -> list[dict]:
-    """Rows from the loaded records of ``source`` (module docstring); bad records go to ``skips``."""
-    from data_prep.tool_calling import DEFAULT_SYSTEM
-
+    """Rows from the loaded ``(file or hub name, line or row, record)`` triples of ``source`` (module
+    docstring); bad records go to ``skips``."""
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
     if reward == "toolrl" and source != "toolrl":
         raise ValueError("--reward toolrl needs ToolRL's own prompt: use it with the 'toolrl' source")
     convert = _CONVERTERS[source]
     rows, seen = [], set()
-    for n, rec in enumerate(records, start=1):
+    for k, (name, n, rec) in enumerate(records, start=1):  # k: the record's ordinal, n: its line
         rid_raw = rec.get("id") if isinstance(rec, dict) else None
         rid = str(rid_raw) if isinstance(rid_raw, (str, int)) and not isinstance(rid_raw, bool) \
-            and str(rid_raw).strip() else f"{source}-{n}"
+            and str(rid_raw).strip() else f"{source}-{k}"
         if rid in seen:
             skips.skip(name, n, f"duplicate id: {rid}")
             continue
@@ -340,17 +335,8 @@ def build_rows(source: str, records: list[dict], skips: SkipLog, name: str, rewa
     return rows
 
 
-def card_columns():
-    return [
-        ("category", lambda r: r["extra_info"]["category"]),
-        ("reference calls", lambda r: len(json.loads(r["reward_model"]["ground_truth"]["calls"]))),
-    ]
-
-
-def build_parser(prog: str = "python -m data_prep.tool_calling") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="Build tool-calling parquet from a public training set "
-                                 "(hub name or local files in its schema). Prints a data card.")
-    ap.add_argument("source", choices=sorted(SOURCES))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of the ``toolrl`` / ``toolace`` / ``xlam`` commands of ``python -m data_prep.tool_calling``."""
     ap.add_argument("--input", default=None, help="hub name or local .json/.jsonl/.parquet file or folder "
                     "(default: the source's hub name; toolrl: rlla_rl.json)")
     ap.add_argument("--out-dir", type=Path, required=True, help="folder for train.parquet / test.parquet")
@@ -363,25 +349,22 @@ def build_parser(prog: str = "python -m data_prep.tool_calling") -> argparse.Arg
     ap.add_argument("--system", default=None, help="system message before the tools section (mrtpo reward)")
     ap.add_argument("--limit", type=int, default=None, help="read only the first N records")
     ap.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the library's)")
-    return ap
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.reward == "toolrl" and args.source != "toolrl":
+def run(args: argparse.Namespace) -> int:
+    """Build one public set from parsed ``tool_calling`` arguments (``args.command``: the source)."""
+    source = args.command
+    if args.reward == "toolrl" and source != "toolrl":
         print("error: --reward toolrl needs ToolRL's own prompt: use it with the 'toolrl' source", file=sys.stderr)
         return 2
-    name = args.input or SOURCES[args.source][0]
-    records = load_or_exit(name, split=args.split, cache_dir=args.cache_dir, limit=args.limit)
-    if records is None:
-        return 1
+    name = args.input or SOURCES[source][0]
     skips = SkipLog()
-    rows = build_rows(args.source, records, skips, name, args.reward, args.system)
-    test_fraction = SOURCES[args.source][1] if args.test_fraction is None else args.test_fraction
+    loaded = load_or_exit(name, skips, split=args.split, cache_dir=args.cache_dir, limit=args.limit)
+    if loaded is None:
+        return 1
+    records, malformed = loaded
+    rows = build_rows(source, records, skips, args.reward, args.system)
+    test_fraction = SOURCES[source][1] if args.test_fraction is None else args.test_fraction
     assign_splits(rows, args.seed, test_fraction)
-    return finish(f"{args.source} ({name}, reward {args.reward})", rows, args.out_dir, skips, len(records),
+    return finish(f"{source} ({name}, reward {args.reward})", rows, args.out_dir, skips, len(records) + malformed,
                   card_columns())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
