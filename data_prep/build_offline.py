@@ -1,16 +1,17 @@
 """Build every data set that needs nothing but this repository and its offline assets, into ``data/``.
 
-``python -m data_prep.build_offline [--out data] [--seed 0]`` writes::
+``python -m data_prep.build_offline [--out-dir data] [--seed 0] [--only chinook,...]`` writes::
 
-    <out>/chinook/chinook.sqlite                      the Chinook database (from .assets/chinook)
-    <out>/chinook/{train,test}.parquet                246 questions, hash split per category (20% test)
-    <out>/instruction_following/{train,test}.parquet  multi-constraint prompts on data_prep/if_base_prompts.jsonl
-    <out>/instruction_following_passable/{train,test}.parquet
+    <out-dir>/chinook/chinook.sqlite                  the Chinook database (from .assets/chinook)
+    <out-dir>/chinook/{train,test}.parquet            246 questions, hash split per category (20% test)
+    <out-dir>/instruction_following/{train,test}.parquet
+                                                      multi-constraint prompts on data_prep/if_base_prompts.jsonl
+    <out-dir>/instruction_following_passable/{train,test}.parquet
                                                       the same base prompts, constraints a random-token
                                                       model passes part of the time (tiny CPU runs)
-    <out>/ifeval/test.parquet                         IFEval's 541 prompts
-    <out>/ifbench/test.parquet                        IFBench's 300 prompts
-    <out>/bfcl/{train,test}.parquet                   BFCL's 8 AST-checkable categories, hash split (30% test)
+    <out-dir>/ifeval/test.parquet                     IFEval's 541 prompts
+    <out-dir>/ifbench/test.parquet                    IFBench's 300 prompts
+    <out-dir>/bfcl/{train,test}.parquet               BFCL's 8 AST-checkable categories, hash split (30% test)
 
 with each builder's defaults (see ``python -m data_prep.<builder> --help``), printing each data card
 and a final summary of files, row counts and sha256. One set failing (a missing asset) is reported
@@ -114,7 +115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         epilog=__doc__.split("writes::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--out", type=Path, default=Path("data"), help="output folder (default: data)")
+    ap.add_argument("--out-dir", type=Path, default=Path("data"), help="output folder (default: data)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every split and constraint draw (default 0)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(SETS)}")
     args = ap.parse_args(argv)
@@ -122,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if only and [s for s in only if s not in SETS]:
         print(f"error: unknown sets {[s for s in only if s not in SETS]}; choose from {list(SETS)}", file=sys.stderr)
         return 2
-    results, failed = build_all(args.out, args.seed, only)
+    results, failed = build_all(args.out_dir, args.seed, only)
     print("== summary ==")
     for name, written in results.items():
         for split, (path, n, digest) in sorted(written.items()):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MRTPO recipe, Qwen/Qwen2.5-1.5B-Instruct: instruction following: multi-constraint prompts (one reward per constraint), validated on IFEval + IFBench.
-# Data: python -m data_prep.build_offline --out data   (data/instruction_following, data/ifeval, data/ifbench)
+# Data: python -m data_prep.build_offline --out-dir data   (data/instruction_following, data/ifeval, data/ifbench)
 #   bash run_scripts/qwen1.5b_ifbench.sh                              # MRTPO on 1 node x 8 GPUs
 #   ALGO=gdpo bash run_scripts/qwen1.5b_ifbench.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
 #   DRY_RUN=1 bash run_scripts/qwen1.5b_ifbench.sh                    # print the composed config only (no Ray, no GPU)

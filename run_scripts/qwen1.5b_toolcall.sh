@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MRTPO recipe, Qwen/Qwen2.5-1.5B-Instruct: tool calling: rewards format / correctness, on the hash split of BFCL's AST-checkable categories.
-# Data: python -m data_prep.build_offline --out data   (data/bfcl)
+# Data: python -m data_prep.build_offline --out-dir data   (data/bfcl)
 #   bash run_scripts/qwen1.5b_toolcall.sh                              # MRTPO on 1 node x 8 GPUs
 #   ALGO=gdpo bash run_scripts/qwen1.5b_toolcall.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
 #   DRY_RUN=1 bash run_scripts/qwen1.5b_toolcall.sh                    # print the composed config only (no Ray, no GPU)

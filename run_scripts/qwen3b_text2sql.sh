@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # MRTPO recipe, Qwen/Qwen2.5-Coder-3B-Instruct: text-to-SQL: rewards format / executable / execution match, trained on Spider, validated on Spider + BIRD dev.
-# Data: python -m data_prep.text_to_sql --source spider|bird ...   (local Spider/BIRD copies: data/spider, data/bird)
+# Data: python -m data_prep.text_to_sql spider|bird --input ARCHIVE ...   (Spider/BIRD releases: data/spider, data/bird;
+#       DATA_SET=offline: data/chinook from python -m data_prep.build_offline --out-dir data)
 #   bash run_scripts/qwen3b_text2sql.sh                              # MRTPO on 1 node x 8 GPUs
 #   ALGO=gdpo bash run_scripts/qwen3b_text2sql.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
 #   DRY_RUN=1 bash run_scripts/qwen3b_text2sql.sh                    # print the composed config only (no Ray, no GPU)

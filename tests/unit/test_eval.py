@@ -558,7 +558,7 @@ def test_wrong_data_for_the_task_and_missing_data_are_clear_errors(data, tmp_pat
     assert "data_source 'chinook' cannot be scored as task 'bfcl'" in capsys.readouterr().err
     assert E.main(["--task", "spider", "--data", str(tmp_path / "nope.parquet"), *base]) == 2
     err = capsys.readouterr().err
-    assert "data file not found" in err and "data_prep.text_to_sql --source spider" in err
+    assert "data file not found" in err and "data_prep.text_to_sql spider --input" in err
     assert not (tmp_path / "o.json").exists()
 
 

@@ -15,8 +15,8 @@ ifeval      data/ifeval/test.parquet        python -m data_prep.build_offline --
 ifbench     data/ifbench/test.parquet       python -m data_prep.build_offline --only ifbench
 chinook     data/chinook/test.parquet       python -m data_prep.build_offline --only chinook
 bfcl        data/bfcl/test.parquet          python -m data_prep.build_offline --only bfcl
-spider      data/spider/test.parquet        python -m data_prep.text_to_sql --source spider ... --split test
-bird        data/bird/test.parquet          python -m data_prep.text_to_sql --source bird ... --split test
+spider      data/spider/test.parquet        python -m data_prep.text_to_sql spider ... --part dev
+bird        data/bird/test.parquet          python -m data_prep.text_to_sql bird ... --part dev
 ==========  ==============================  ====================================================
 
 Generation: every prompt is rendered with the tokenizer's chat template (``add_generation_prompt``;

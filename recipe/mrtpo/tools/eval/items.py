@@ -25,10 +25,8 @@ BUILD_HINT = {
     "ifbench": "python -m data_prep.build_offline --only ifbench",
     "chinook": "python -m data_prep.build_offline --only chinook",
     "bfcl": "python -m data_prep.build_offline --only bfcl",
-    "spider": "python -m data_prep.text_to_sql --source spider --questions spider/dev.json "
-    "--db-root spider/database --split test --out-dir data/spider",
-    "bird": "python -m data_prep.text_to_sql --source bird --questions bird/dev/dev.json "
-    "--db-root bird/dev/dev_databases --split test --out-dir data/bird",
+    "spider": "python -m data_prep.text_to_sql spider --input spider_data.zip --part dev --out-dir data/spider",
+    "bird": "python -m data_prep.text_to_sql bird --input dev.zip --part dev --out-dir data/bird",
 }
 
 class EvalError(ValueError):
