@@ -142,7 +142,8 @@ _mrtpo_size() {
   esac
 }
 
-# _mrtpo_task TASK: default model family and data of each task (files as data_prep writes them).
+# _mrtpo_task TASK: default model family and data of each task (files as data_prep writes them); the
+# defaults are the offline sets (DATA_SET=offline), _mrtpo_data_set switches them for the other data sets.
 _mrtpo_task() {
   case "$1" in
     ifbench)
@@ -151,17 +152,16 @@ _mrtpo_task() {
       TRAIN_DEFAULT="data/instruction_following/train.parquet"
       VAL_DEFAULT="data/ifeval/test.parquet,data/ifbench/test.parquet"
       MAX_PROMPT_LENGTH=2048
-      TASK_DATA_HINT="python -m data_prep.build_offline --out data"
+      TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data"
       ;;
     text2sql)
-      # Train on Spider train, validate on Spider dev and BIRD dev (execution accuracy = the
-      # execution_match reward). Both need local copies of the official releases (see data_prep/text_to_sql.py);
-      # the offline Chinook set (data/chinook, 197 train rows) is a smoke test: it needs data.train_batch_size < 197.
+      # Offline: train and validate on the Chinook set (data/chinook: 197 train / 49 test rows, execution
+      # accuracy = the execution_match reward). The paper's Spider / BIRD runs are DATA_SET=public.
       MODEL_DEFAULT="Qwen/Qwen2.5-Coder-${MODEL_SIZE}-Instruct"
-      TRAIN_DEFAULT="data/spider/train.parquet"
-      VAL_DEFAULT="data/spider/test.parquet,data/bird/test.parquet"
+      TRAIN_DEFAULT="data/chinook/train.parquet"
+      VAL_DEFAULT="data/chinook/test.parquet"
       MAX_PROMPT_LENGTH=4096   # database schemas (BIRD's especially) are long; longer prompts are dropped
-      TASK_DATA_HINT="python -m data_prep.text_to_sql --source spider|bird ... (local Spider/BIRD copies; see its --help)"
+      TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data --only chinook"
       ;;
     toolcall)
       # Train and validate on the hash split of BFCL's AST-checkable categories (format + correctness rewards).
@@ -169,23 +169,33 @@ _mrtpo_task() {
       TRAIN_DEFAULT="data/bfcl/train.parquet"
       VAL_DEFAULT="data/bfcl/test.parquet"
       MAX_PROMPT_LENGTH=2048
-      TASK_DATA_HINT="python -m data_prep.build_offline --out data"
+      TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data"
       ;;
     *) mrtpo_die "unknown task '$1' (ifbench | text2sql | toolcall)" ;;
   esac
   _mrtpo_data_set "$1"
 }
 
-# _mrtpo_data_set TASK: TRAIN_DEFAULT / VAL_DEFAULT for DATA_SET=public|toolrl (docs/data.md).
+# _mrtpo_data_set TASK: TRAIN_DEFAULT / VAL_DEFAULT for DATA_SET=offline|public|toolrl (docs/data.md).
 _mrtpo_data_set() {
   case "${DATA_SET:-offline}/$1" in
+    offline/text2sql)
+      # Chinook's 197 training rows are fewer than data.train_batch_size=512, which would leave verl's
+      # loader (drop_last) without a batch: 128 fits (one batch per epoch, one actor update per step as
+      # ppo_mini_batch_size=128). The caller's overrides come last, so the note names the one to pass.
+      mrtpo_log "DATA_SET=offline text2sql trains on Chinook (data/chinook/train.parquet: 197 rows < data.train_batch_size=512):" \
+        "pass data.train_batch_size=128 (any value <= 197) on the command line"
+      ;;
     offline/*) ;;
     public/ifbench)
       TRAIN_DEFAULT="data/if_multi_constraints/train.parquet"
       TASK_DATA_HINT="python -m data_prep.instruction_following if_multi_constraints --out-dir data/if_multi_constraints"
       ;;
     public/text2sql)
-      TASK_DATA_HINT="python -m data_prep.text_to_sql spider --input spider_data.zip --out-dir data/spider"
+      # Train on Spider train, validate on Spider dev and BIRD dev; local copies of the official releases.
+      TRAIN_DEFAULT="data/spider/train.parquet"
+      VAL_DEFAULT="data/spider/test.parquet,data/bird/test.parquet"
+      TASK_DATA_HINT="python -m data_prep.text_to_sql spider --input spider_data.zip --out-dir data/spider; the same with --part dev; python -m data_prep.text_to_sql bird --input dev.zip --part dev --out-dir data/bird"
       ;;
     public/toolcall)
       TRAIN_DEFAULT="data/toolrl/train.parquet"

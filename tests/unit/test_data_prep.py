@@ -71,7 +71,7 @@ def built(tmp_path_factory):
                    "bfcl/BFCL_v4_simple_python.json"):
         assert (ASSETS / needed).is_file(), f"missing offline asset .assets/{needed}: run `bash run_scripts/setup.sh`"
     out = tmp_path_factory.mktemp("data")
-    assert build_offline.main(["--out", str(out), "--seed", "0"]) == 0
+    assert build_offline.main(["--out-dir", str(out), "--seed", "0"]) == 0
     return out
 
 
@@ -191,7 +191,7 @@ def test_offline_build_is_byte_identical_in_a_fresh_interpreter(built, tmp_path)
     """Same seed, another process and hash seed, same output folder: the same bytes."""
     first = {p.relative_to(built): sha256_file(p) for p in sorted(built.rglob("*.parquet"))}
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out", str(built), "--seed", "0"],
+    out = subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out-dir", str(built), "--seed", "0"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "== summary ==" in out.stdout and "== data card: chinook ==" in out.stdout
@@ -199,12 +199,12 @@ def test_offline_build_is_byte_identical_in_a_fresh_interpreter(built, tmp_path)
     assert first == second and len(first) == 10
     # another seed gives other splits
     other = tmp_path / "other"
-    assert build_offline.main(["--out", str(other), "--seed", "1", "--only", "chinook"]) == 0
+    assert build_offline.main(["--out-dir", str(other), "--seed", "1", "--only", "chinook"]) == 0
     assert sha256_file(other / "chinook" / "train.parquet") != first[Path("chinook/train.parquet")]
 
 
 def test_offline_build_rejects_unknown_sets(tmp_path, capsys):
-    assert build_offline.main(["--out", str(tmp_path), "--only", "chinook,nope"]) == 2
+    assert build_offline.main(["--out-dir", str(tmp_path), "--only", "chinook,nope"]) == 2
     assert "nope" in capsys.readouterr().err
 
 
@@ -271,7 +271,7 @@ def test_chinook_malformed_questions_are_reported_and_skipped(built, tmp_path, c
     path = tmp_path / "questions.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    code = SQLB.main(["--source", "chinook", "--questions", str(path), "--db",
+    code = SQLB.main(["chinook", "--questions", str(path), "--db",
                       str(built / "chinook" / "chinook.sqlite"), "--out-dir", str(out), "--test-fraction", "0"])
     captured = capsys.readouterr()
     assert code == 0
@@ -316,8 +316,8 @@ def _fake_release(root: Path, source: str) -> tuple[Path, Path]:
 def test_release_builder_rows_and_malformed_input(source, tmp_path, capsys, score_sample):
     qfile, db_root = _fake_release(tmp_path, source)
     out = tmp_path / "out"
-    assert SQLB.main(["--source", source, "--questions", str(qfile), "--db-root", str(db_root), "--split", "dev",
-                      "--out-dir", str(out), "--sample-rows", "1", "--sql-timeout", "3"]) == 0
+    assert SQLB.main([source, "--input", str(qfile), "--db-root", str(db_root), "--part", "dev",
+                      "--out-dir", str(out), "--sample-rows", "1", "--sql-timeout-s", "3"]) == 0
     captured = capsys.readouterr()
     text = qfile.read_text().splitlines()
 
@@ -325,11 +325,11 @@ def test_release_builder_rows_and_malformed_input(source, tmp_path, capsys, scor
         return next(i for i, t in enumerate(text, 1) if question in t) - 2  # the element's "{" line
 
     assert f"{qfile}:{line_of('missing gold')}: missing field" in captured.err
-    assert f"{qfile}:{line_of('Unknown database?')}: unknown db_id: 'warehouse'" in captured.err
+    assert f"{qfile}:{line_of('Unknown database?')}: missing database: 'warehouse'" in captured.err
     assert f"{qfile}:{line_of('BROKEN')}: broken JSON" in captured.err
     assert f"{qfile}:{line_of('Bad gold?')}: gold SQL fails the verifier" in captured.err
     assert "input records: 7  -> rows: 3, skipped: 4" in captured.out
-    rows = read_parquet_rows(out / "dev.parquet")
+    rows = read_parquet_rows(out / "test.parquet")
     assert [r["extra_info"]["db_id"] for r in rows] == ["shop"] * 3 and {r["data_source"] for r in rows} == {source}
     assert {r["extra_info"]["sql_timeout_s"] for r in rows} == {3.0}
     prompt = rows[0]["prompt"][0]["content"]
@@ -344,8 +344,25 @@ def test_release_builder_rows_and_malformed_input(source, tmp_path, capsys, scor
 
 
 def test_release_builder_needs_its_inputs(tmp_path, capsys):
-    assert SQLB.main(["--source", "spider", "--out-dir", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as e:
+        SQLB.main(["spider", "--out-dir", str(tmp_path)])
+    assert e.value.code == 2 and "--input" in capsys.readouterr().err
+    qfile, _ = _fake_release(tmp_path, "spider")  # a question file alone: its databases are not in it
+    assert SQLB.main(["spider", "--input", str(qfile), "--out-dir", str(tmp_path / "o")]) == 1
     assert "--db-root" in capsys.readouterr().err
+
+
+def test_release_rows_one_loop_for_files_and_the_builder_api(tmp_path, capsys):
+    """build_release_rows (local files) and the CLI give the same rows: one record loop."""
+    qfile, db_root = _fake_release(tmp_path, "spider")
+    rows, read = SQLB.build_release_rows("spider", [qfile], db_root, split="test")
+    assert read == 7 and len(rows) == 3
+    out = tmp_path / "out"
+    assert SQLB.main(["spider", "--input", str(qfile), "--db-root", str(db_root), "--part", "dev",
+                      "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    assert [r["extra_info"]["id"] for r in read_parquet_rows(out / "test.parquet")] == \
+        [r["extra_info"]["id"] for r in rows]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -838,19 +855,26 @@ XLAM = [
 def test_xlam_converter(tmp_path, capsys, score_sample):
     from recipe.mrtpo.tasks.tool_calling import NO_CALL_REFERENCE, render_tool_calls
 
-    # a file that is not JSON at all is a clear error (the loader reads it whole, as from the hub)
+    # a record that does not parse is skipped with its line; the other records of the file are read
+    text = json.dumps(XLAM, indent=2).replace('"query": "BROKEN",', '"query": BROKEN,')
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(XLAM, indent=2).replace('"query": "BROKEN",', '"query": BROKEN,'), encoding="utf-8")
-    assert TOOLB.main(["xlam", "--input", str(broken), "--out-dir", str(tmp_path / "o2"), "--test-fraction", "0"]) == 1
-    assert f"cannot read local input '{broken}'" in capsys.readouterr().err
-    # malformed records inside a readable file are skipped, counted and reported by record number
+    broken.write_text(text, encoding="utf-8")
+    assert TOOLB.main(["xlam", "--input", str(broken), "--out-dir", str(tmp_path / "o2"), "--test-fraction", "0"]) == 0
+    captured = capsys.readouterr()
+    element = next(i for i, t in enumerate(text.splitlines(), 1) if "BROKEN" in t) - 2  # its "{" line
+    assert f"SKIP {broken}:{element}: broken JSON" in captured.err
+    assert "input records: 6  -> rows: 3, skipped: 3" in captured.out
+    # malformed records inside a readable file are skipped, counted and reported by line
     path = tmp_path / "xlam.json"
-    path.write_text(json.dumps(XLAM[:5], indent=2), encoding="utf-8")
+    text = json.dumps(XLAM[:5], indent=2)
+    path.write_text(text, encoding="utf-8")
     out = tmp_path / "out"
     assert TOOLB.main(["xlam", "--input", str(path), "--out-dir", str(out), "--test-fraction", "0"]) == 0
     captured = capsys.readouterr()
-    assert f"{path}:4: missing field 'tools'" in captured.err
-    assert f"{path}:5: broken JSON in 'tools' or 'answers'" in captured.err
+    lines = text.splitlines()
+    line_of = lambda q: next(i for i, t in enumerate(lines, 1) if f'"query": "{q}"' in t) - 2  # noqa: E731
+    assert f"{path}:{line_of('missing answers')}: missing field 'tools'" in captured.err
+    assert f"{path}:{line_of('broken tools')}: broken JSON in 'tools' or 'answers'" in captured.err
     assert "input records: 5  -> rows: 3, skipped: 2" in captured.out
     rows = read_parquet_rows(out / "train.parquet")
     assert [r["extra_info"]["category"] for r in rows] == ["simple", "parallel", "irrelevance"]

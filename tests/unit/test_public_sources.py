@@ -142,6 +142,37 @@ def test_missing_local_input_and_offline_hub_are_clear_errors(tmp_path, capsys):
     assert rc == 1 and "allenai/RLVR-IFeval" in err and "online" in err
 
 
+@pytest.mark.parametrize("main, source, fixture", [
+    (IFB.main, "rlvr_ifeval", "rlvr_ifeval.jsonl"),
+    (IFB.main, "if_multi_constraints", "if_multi_constraints.jsonl"),
+    (TOOLB.main, "xlam", None),
+])
+def test_malformed_local_records_are_skipped_with_file_line_and_count(tmp_path, capsys, main, source, fixture):
+    """One broken line of a local .jsonl (which ``datasets`` would refuse whole) costs only that record."""
+    if fixture is None:  # xlam's fixture is a JSON array: as JSON Lines here
+        good = [json.dumps(r) for r in json.loads((FIX / "xlam_function_calling.json").read_text())]
+    else:
+        good = (FIX / fixture).read_text().splitlines()
+    clean, broken = tmp_path / "clean.jsonl", tmp_path / "broken.jsonl"
+    clean.write_text("\n".join(good) + "\n", encoding="utf-8")
+    lines = [good[0], '{"messages": [oops', good[1], "", "42", *good[2:]]
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rc, card_clean, _ = _run(main, _args(tmp_path, source, "--input", str(clean), "--out-dir", str(tmp_path / "a")),
+                             capsys)
+    assert rc == 0
+    rc, card, err = _run(main, _args(tmp_path, source, "--input", str(broken), "--out-dir", str(tmp_path / "b")),
+                         capsys)
+    assert rc == 0, err
+    assert f"SKIP {broken}:2: broken JSON" in err and f"SKIP {broken}:5: not an object: int" in err
+    skips, skips_clean = _skips(card), _skips(card_clean)
+    assert skips.pop("broken JSON") == 1 and skips.pop("not an object") == 1
+    assert skips == skips_clean
+    read = lambda c: int(c.split("input records: ", 1)[1].split()[0])  # noqa: E731
+    assert read(card) == read(card_clean) + 2
+    ids = lambda d: [r["extra_info"]["id"] for r in _rows(d)]  # noqa: E731
+    assert len(ids(tmp_path / "b")) == len(ids(tmp_path / "a")) > 0
+
+
 # --------------------------------------------------------------------------------------------------
 # tool calling
 # --------------------------------------------------------------------------------------------------
