@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,6 +34,7 @@ __all__ = [
     "gold_check",
     "db_file",
     "text_field",
+    "record_problem",
     "sql_row",
     "keep_row",
     "release_rows",
@@ -140,6 +141,14 @@ def text_field(record: dict, key: str) -> Optional[str]:
     return value if isinstance(value, str) and value.strip() else None
 
 
+def record_problem(rec: Any, keys: Sequence[str]) -> Optional[str]:
+    """Why a question record cannot become a row (not an object, a missing or empty text field), or None."""
+    if not isinstance(rec, dict):
+        return f"not an object: {type(rec).__name__}"
+    missing = [k for k in keys if text_field(rec, k) is None]
+    return f"missing field {missing[0]!r}" if missing else None
+
+
 def sql_row(
     source: str,
     record: dict,
@@ -204,12 +213,9 @@ def release_rows(
         if limit is not None and len(rows) >= limit:
             break
         read += 1
-        if not isinstance(rec, dict):
-            skips.skip(where, n, f"not an object: {type(rec).__name__}")
-            continue
-        missing = [k for k in ("db_id", q_key, gold_key) if text_field(rec, k) is None]
-        if missing:
-            skips.skip(where, n, f"missing field {missing[0]!r}")
+        why = record_problem(rec, ("db_id", q_key, gold_key))
+        if why is not None:
+            skips.skip(where, n, why)
             continue
         db_id = rec["db_id"]
         path = db_file(db_root, db_id)

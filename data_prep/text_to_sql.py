@@ -64,6 +64,7 @@ from data_prep.sql_rows import (  # noqa: F401 - the row API, re-exported for ca
     gold_check,
     gold_response,
     keep_row,
+    record_problem,
     release_rows,
     schema_text,
     sql_prompt,
@@ -116,12 +117,9 @@ def build_chinook_rows(
         if limit is not None and len(records) >= limit:
             break
         read += 1
-        if not isinstance(rec, dict):
-            skips.skip(questions, line, f"not an object: {type(rec).__name__}")
-            continue
-        missing = [k for k in ("id", "question", "gold_sql") if text_field(rec, k) is None]
-        if missing:
-            skips.skip(questions, line, f"missing field {missing[0]!r}")
+        why = record_problem(rec, ("id", "question", "gold_sql"))
+        if why is not None:
+            skips.skip(questions, line, why)
             continue
         if rec["id"] in seen:
             skips.skip(questions, line, f"duplicate id: {rec['id']}")

@@ -30,7 +30,7 @@ TASKS = ("ifbench", "text2sql", "toolcall")
 ROLLOUT_TP = {"1.5b": 1, "3b": 1, "7b": 2}
 DEFAULT_DATA = {
     "ifbench": (["data/instruction_following/train.parquet"], ["data/ifeval/test.parquet", "data/ifbench/test.parquet"]),
-    "text2sql": (["data/spider/train.parquet"], ["data/spider/test.parquet", "data/bird/test.parquet"]),
+    "text2sql": (["data/chinook/train.parquet"], ["data/chinook/test.parquet"]),  # DATA_SET=offline
     "toolcall": (["data/bfcl/train.parquet"], ["data/bfcl/test.parquet"]),
 }
 # (estimator, mrtpo.mode, mrtpo.shuffle) each ALGO must give; gdpo/grpo leave the replay knobs untouched
@@ -267,3 +267,41 @@ def test_common_sh_is_not_a_script():
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
+
+
+def test_offline_text2sql_trains_on_chinook_and_says_the_batch_size_that_fits(tmp_path, fake_venv):
+    """DATA_SET=offline (the default) text-to-SQL: the Chinook set build_offline writes, not Spider; the
+    script names the data.train_batch_size that fits Chinook's train split (verl drops the last partial
+    batch, so 512 > its rows would leave no batch), and with that override the config composes."""
+    build = subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out-dir", str(tmp_path / "data"),
+                            "--only", "chinook"], cwd=REPO, env=_base_env(PYTHONPATH=str(REPO)),
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    import pyarrow.parquet as pq
+
+    n_train = pq.read_metadata(tmp_path / "data" / "chinook" / "train.parquet").num_rows
+    assert pq.read_metadata(tmp_path / "data" / "chinook" / "test.parquet").num_rows > 0
+    res = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh"), "data.train_batch_size=128"], cwd=tmp_path,
+                         env=_base_env(DRY_RUN="1", DATA_SET="offline"), capture_output=True, text=True,
+                         timeout=DRY_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-4000:]
+    cfg = yaml.safe_load(res.stdout)
+    assert cfg["data"]["train_files"] == [str(REPO / "data/chinook/train.parquet")]
+    assert cfg["data"]["val_files"] == [str(REPO / "data/chinook/test.parquet")]
+    assert cfg["data"]["train_batch_size"] == 128 <= n_train < 512  # the launch's own 512 would not fit
+    assert f"train.parquet: {n_train} rows" in res.stderr and "data.train_batch_size=128" in res.stderr
+    assert f"any value <= {n_train}" in res.stderr
+    assert "spider" not in res.stderr.lower().split("--cfg job", 1)[0]  # nothing asks for Spider files
+    # missing offline data: the error names the command that builds it
+    missing, lines = _launch(tmp_path, fake_venv, script="qwen7b_text2sql", TRAIN_FILES=str(tmp_path / "nope.parquet"),
+                             DATA_SET="offline")
+    assert missing.returncode != 0 and lines is None and "nope.parquet" in missing.stderr
+    assert "build them first: python -m data_prep.build_offline --out-dir data --only chinook" in missing.stderr
+    # DATA_SET=public keeps the paper's Spider / BIRD files
+    public = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh")], cwd=tmp_path,
+                            env=_base_env(DRY_RUN="1", DATA_SET="public"), capture_output=True, text=True,
+                            timeout=DRY_TIMEOUT_S)
+    assert public.returncode == 0, public.stderr[-4000:]
+    cfg = yaml.safe_load(public.stdout)
+    assert cfg["data"]["train_files"] == [str(REPO / "data/spider/train.parquet")]
+    assert cfg["data"]["val_files"] == [str(REPO / p) for p in ("data/spider/test.parquet", "data/bird/test.parquet")]
