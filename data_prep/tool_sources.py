@@ -1,8 +1,8 @@
 """Tool-calling training sets of the paper's peers -> verl parquet.
 
 ``python -m data_prep.tool_calling <source> --input NAME_OR_PATH --out-dir DIR`` (``--input``: a hub name,
-or a local file or folder in the same schema, read by the same ``datasets`` code path, see
-:mod:`data_prep.public_sources`):
+or a local file or folder in the same schema, read by :func:`data_prep.public_sources.load_records`:
+malformed local records are skipped with their file and line):
 
 - ``toolrl``: ToolRL's RL mix (``dataset/rlla_4k_raw/rlla_rl.json`` of the ToolRL release, 4,000 rows: 2k
   ToolACE, 1k Hammer (masked), 1k xLAM; the data GDPO's published tool-calling run trains on). A JSON

@@ -1,7 +1,8 @@
 """Builders of the public training sets on project-written fixtures in each source's schema.
 
-Every fixture is read through the same ``datasets`` code path as a hub name (local files only; the
-hub is never contacted: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before ``datasets`` is imported).
+Every fixture is read by the same loader as a hub name (local files only; the hub is never contacted:
+HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before ``datasets`` is imported); local JSON goes through
+the project's line-numbered reader, parquet through ``datasets``.
 """
 
 from __future__ import annotations
