@@ -17,9 +17,15 @@ from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
 from recipe.mrtpo import verl_seam
-from recipe.mrtpo.core.advantage import compute_mrtpo_advantage, smoothstep_beta
+from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
 from recipe.mrtpo.core.replay import hf_forward
 from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+
+
+def mrtpo_adv(*args, **kwargs):
+    """The core advantage alone (the statistics left out)."""
+    return compute_mrtpo_advantage_with_stats(*args, **kwargs)[0]
+
 
 MSGS = [{"role": "user", "content": "Write a haiku about rain. Do not use any commas. Use only lowercase letters."}]
 CTX = {"no_comma": {"text": "Do not use any commas.", "placement": "prompt"},
@@ -152,7 +158,7 @@ def test_mrtpo_step_equals_the_core_on_a_direct_replay(monkeypatch, tiny):
     assert metrics["mrtpo/consistency/rows"] == 4 and metrics["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4
     assert metrics["mrtpo/reward/lower/mean"] == pytest.approx(0.5) and metrics["mrtpo/verifier_errors"] == 0
     assert metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3  # the replay moved credit
-    gdpo = compute_mrtpo_advantage(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0)
+    gdpo = mrtpo_adv(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0)
     assert not torch.allclose(adv, gdpo, atol=1e-4)
     assert torch.isfinite(adv).all() and float((adv * (1 - mask)).abs().max()) == 0
 
@@ -184,6 +190,23 @@ def test_errored_verifier_counts_and_scores_zero(monkeypatch, tiny):
     scores[3] = {}
     fake, metrics, _, _ = run_step(monkeypatch, tiny, 6, scores=scores, errors=["", "", "", "ValueError: boom"])
     assert metrics["mrtpo/verifier_errors"] == 1 and torch.isfinite(padded(fake.put["advantages"])).all()
+
+
+def test_a_batch_whose_verifiers_all_raised_trains_with_zero_advantage(monkeypatch, tiny):
+    """Every verifier raised (a task never imported): counted and logged, zero advantage, no crash, no replay."""
+    errors = ["KeyError: no task 'custom'"] * 4
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, scores=[{}] * 4, errors=errors)
+    assert metrics["mrtpo/verifier_errors"] == 4 and metrics["mrtpo/batches_without_scores"] == 1
+    assert metrics["mrtpo/num_rewards"] == 0 and calls == []
+    assert (padded(fake.put["advantages"]) == 0).all()
+
+
+def test_checker_errors_are_counted_apart_from_raising_verifiers(monkeypatch, tiny):
+    """A checker that failed on one reward keeps the sample's scores; only a verifier without scores raised."""
+    errors = ["lower: ValueError: bad", "", "", "ValueError: boom"]
+    scores = [*SCORES[:3], {}]
+    fake, metrics, _, _ = run_step(monkeypatch, tiny, 6, scores=scores, errors=errors)
+    assert metrics["mrtpo/verifier_errors"] == 1 and metrics["mrtpo/checker_errors"] == 1
 
 
 def test_grpo_is_verls_own_step(monkeypatch, tiny):

@@ -4,6 +4,9 @@ import pytest
 from hydra import compose, initialize_config_module
 
 
+ARR = "actor_rollout_ref"
+
+
 def compose_cfg(*overrides):
     with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
         return compose(config_name="mrtpo_trainer", overrides=list(overrides))
@@ -62,10 +65,54 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
             check_config(compose_cfg(bad))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
         check_config(compose_cfg("algorithm.norm_adv_by_std_in_grpo=False"))
-    check_config(compose_cfg("mrtpo.beta=0.99", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))
+    check_config(compose_cfg("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))  # verl's own step
 
 
-ARR = "actor_rollout_ref"
+@pytest.mark.parametrize(
+    "overrides, setting, method",
+    [
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=cort"), "mrtpo.mode=cort", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.mode=cort"), "mrtpo.mode=cort", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "shuffle"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "shuffle"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=cort", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.reward_weighting=saw"), "mrtpo.reward_weighting=saw", "grpo"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.reward_weights={format: 0.5}"), "mrtpo.reward_weights=", "grpo"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.dump.every_n_steps=1"), "mrtpo.dump.every_n_steps=1", "grpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=cort", "mrtpo.measure=js_divergence"), "mrtpo.measure=js_divergence", "cort"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "gdpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.replay=False"), "mrtpo.replay=False", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.seed=3"), "mrtpo.seed=3", "mrtpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.opsd_topk=8"), "mrtpo.opsd_topk=8", "mrtpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "mrtpo.beta=0.2"), "mrtpo.beta=0.2", "opsd"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=opsd"), "mrtpo.mode=opsd", "opsd"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.mode=opsd"), "mrtpo.mode=opsd", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", f"{ARR}.actor.strategy=megatron"), f"{ARR}.actor.strategy=megatron", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", f"{ARR}.actor.ulysses_sequence_parallel_size=2"),
+         f"{ARR}.actor.ulysses_sequence_parallel_size=2", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "algorithm.use_kl_in_reward=True"), "algorithm.use_kl_in_reward=True", "gdpo"),
+    ],
+)
+def test_inert_or_contradictory_settings_are_refused_naming_the_setting_and_the_method(overrides, setting, method):
+    """A setting the chosen method does not read, or a combination it cannot run, fails before Ray starts."""
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    with pytest.raises(ValueError) as err:
+        check_config(compose_cfg(*overrides))
+    msg = str(err.value)
+    assert setting in msg and f"method {method}" in msg, msg
+
+
+def test_every_method_resolves_from_its_own_overrides():
+    """The registry's overrides of each method compose and resolve back to that method (and nothing else)."""
+    from recipe.mrtpo import methods
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd"}
+    for name in methods.names():
+        assert check_config(compose_cfg(*methods.get(name).overrides)).name == name
+    # the resource presets of the run scripts are accepted by every method (they change no number)
+    assert check_config(compose_cfg("algorithm.adv_estimator=grpo", "mrtpo.replay_micro_batch_size=4")).name == "grpo"
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,6 @@ MODES = ("mrtpo", "cort", "opsd")
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
 OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
 REWARD_WEIGHTINGS = ("none", "saw", "dvao")
-RECIPE_ESTIMATORS = ("mrtpo", "gdpo")  # advantage estimators whose step the recipe computes
 
 
 @dataclass
@@ -90,12 +89,6 @@ class MRTPOConfig(BaseConfig):
     def reward_weight(self, name: str) -> float:
         """Fixed lambda_k of reward ``name`` (1 unless named in ``reward_weights``)."""
         return float((self.reward_weights or {}).get(name, 1.0))
-
-    @property
-    def measure_for_replay(self) -> str:
-        """The replay's measure: CoRT's log-likelihood contrast in ``cort`` mode, else ``measure``."""
-        return "logprob_contrast" if self.mode == "cort" else self.measure
-
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:

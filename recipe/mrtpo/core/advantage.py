@@ -245,6 +245,7 @@ class AdvantageStats:
     weight_min: float = 1.0
     uniform_pairs: int = 0  # weighted pairs (A != 0) that fell back to uniform weights (qbar < floor)
     weighted_pairs: int = 0  # pairs (A != 0) whose weights were not uniform
+    extra: dict = field(default_factory=dict)  # a method's own diagnostics (``mrtpo/...`` metric -> value)
 
 
 def compute_mrtpo_advantage_with_stats(
@@ -262,10 +263,26 @@ def compute_mrtpo_advantage_with_stats(
     whiten: bool = True,
     valid: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, AdvantageStats]:
-    """:func:`compute_mrtpo_advantage` plus an :class:`AdvantageStats` of what happened.
+    """MRTPO token advantages [B, T] (§1.1, 1.3, 1.5, 1.6; the module docstring) and an :class:`AdvantageStats`.
 
-    ``valid`` ([B] bool, default all): rows left out of the response-level weighting's statistics
-    (:func:`response_level_weights`; verl's padding rows).
+    Args:
+        scores: [B, K] per-reward scores, NaN where reward k is absent for sample i (ragged rewards).
+        index: [B] group ids (verl's ``uid``).
+        response_mask: [B, T] valid response tokens.
+        relevance: [B, K, T] replay measure q (0 where not replayed), or None: no replay, i.e. GDPO.
+        beta: the (already warmed-up) reallocation strength beta_s in [0, 1].
+        max_realloc_rms: rho of the second-moment constraint; None disables it.
+        reward_weights: fixed lambda_k (default 1), multiplied with the response-level weighting.
+        epsilon: the group std epsilon (verl's default 1e-6).
+        shuffle: the ablation: permute q over each sample's valid positions before weighting.
+        generator: torch.Generator for the shuffle.
+        reward_weighting: ``none`` | ``saw`` | ``dvao`` response-level weights (composes with the above).
+        whiten: batch-whiten the result (verl's masked_whiten); False returns sum_k lambda_k A_k w_k.
+        valid: [B] bool (default all): rows left out of the response-level weighting's statistics
+            (:func:`response_level_weights`; verl's padding rows).
+
+    Returns:
+        [B, T] advantages (batch-whitened over valid tokens unless ``whiten=False``, 0 on padding) and the stats.
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, K], got {tuple(scores.shape)}")
@@ -296,7 +313,7 @@ def compute_mrtpo_advantage_with_stats(
         a = (lam[k] * adv_k[:, k]).unsqueeze(-1)  # [B, 1]
         if use_q:
             w = relevance_weights(q[:, k], mask, beta, max_realloc_rms)
-            active = adv_k[:, k] != 0
+            active = (adv_k[:, k] != 0) & (mask.sum(-1) > 0)  # a row without valid tokens has no weights to count
             if active.any():
                 wa = w[active]
                 ma = mask[active] > 0
@@ -312,41 +329,3 @@ def compute_mrtpo_advantage_with_stats(
     if not whiten:
         return token_adv, stats
     return masked_whiten(token_adv, mask) * mask, stats
-
-
-def compute_mrtpo_advantage(
-    scores: torch.Tensor,
-    index,
-    response_mask: torch.Tensor,
-    relevance: Optional[torch.Tensor],
-    beta: float,
-    max_realloc_rms: Optional[float],
-    reward_weights: Optional[Sequence[float]] = None,
-    epsilon: float = 1e-6,
-    shuffle: bool = False,
-    generator: Optional[torch.Generator] = None,
-    reward_weighting: str = "none",
-) -> torch.Tensor:
-    """MRTPO token advantages [B, T] (docs/design.md §1.1, 1.3, 1.5, 1.6); see the module docstring.
-
-    Args:
-        scores: [B, K] per-reward scores, NaN where reward k is absent for sample i (ragged rewards).
-        index: [B] group ids (verl's ``uid``).
-        response_mask: [B, T] valid response tokens.
-        relevance: [B, K, T] replay measure q (0 where not replayed), or None: no replay, i.e. GDPO.
-        beta: the (already warmed-up) reallocation strength beta_s in [0, 1].
-        reward_weights: fixed lambda_k (default 1), multiplied with the response-level weighting.
-        max_realloc_rms: rho of the second-moment constraint; None disables it.
-        epsilon: the group std epsilon (verl's default 1e-6).
-        shuffle: the ablation: permute q over each sample's valid positions before weighting.
-        generator: torch.Generator for the shuffle.
-        reward_weighting: ``none`` | ``saw`` | ``dvao`` response-level weights (composes with the above).
-
-    Returns:
-        [B, T] advantages, batch-whitened over valid tokens, 0 on padding.
-    """
-    adv, _ = compute_mrtpo_advantage_with_stats(
-        scores, index, response_mask, relevance, beta, max_realloc_rms, reward_weights, epsilon, shuffle,
-        generator, reward_weighting,
-    )
-    return adv
