@@ -3,7 +3,6 @@
 import pytest
 from hydra import compose, initialize_config_module
 
-
 ARR = "actor_rollout_ref"
 
 

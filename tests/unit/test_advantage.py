@@ -18,7 +18,6 @@ from recipe.mrtpo.core.advantage import (
 )
 
 
-
 def mrtpo_adv(*args, **kwargs):
     """The core advantage alone (the statistics left out)."""
     return compute_mrtpo_advantage_with_stats(*args, **kwargs)[0]
