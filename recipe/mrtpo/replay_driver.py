@@ -98,6 +98,8 @@ def run_replay(
         variants = [ids[j, ids.shape[-1] - int(lens[j]):].tolist() if int(lens[j]) else [] for j in range(lens.shape[0])]
         v = rollout_prompt_variant(variants, rollout_prompts[_i])
         forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
+        if spec.p_all_logprobs:  # the method needs log p(y | P_all) itself (RLSD): variant 0 on every row
+            v, forwarded = (0, True) if v == 0 else (-1, False)
         lp_variant[r] = v if v >= 0 and forwarded else 0
         result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
     if plan.rows:

@@ -59,7 +59,8 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
     assert typed.dump.every_n_steps == 0 and typed.dump.max_samples == 8
     for bad, msg in (("mrtpo.beta=1.0", r"\[0, 1\)"), ("mrtpo.beta=-0.1", "beta"), ("mrtpo.measure=kl", "measure"),
                      ("mrtpo.mode=x", "mode"), ("mrtpo.replay_micro_batch_size=0", "micro_batch"),
-                     ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples")):
+                     ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples"),
+                     ("mrtpo.rlsd_lambda=1.5", "rlsd_lambda"), ("mrtpo.rlsd_reweight_clip_range=-0.1", "clip_range")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(bad))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
@@ -90,6 +91,12 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
         (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", f"{ARR}.actor.ulysses_sequence_parallel_size=2"),
          f"{ARR}.actor.ulysses_sequence_parallel_size=2", "opsd"),
         (("algorithm.adv_estimator=gdpo", "algorithm.use_kl_in_reward=True"), "algorithm.use_kl_in_reward=True", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=rlsd"), "mrtpo.mode=rlsd", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "mrtpo.measure=js_divergence"), "mrtpo.measure=js_divergence", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.rlsd_lambda=0.3"), "mrtpo.rlsd_lambda=0.3", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.rlsd_negative_only=True"), "mrtpo.rlsd_negative_only=True", "mrtpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", f"{ARR}.model.use_fused_kernels=True"), "use_fused_kernels", "rlsd"),
     ],
 )
 def test_inert_or_contradictory_settings_are_refused_naming_the_setting_and_the_method(overrides, setting, method):
@@ -107,7 +114,7 @@ def test_every_method_resolves_from_its_own_overrides():
     from recipe.mrtpo import methods
     from recipe.mrtpo.main_mrtpo import check_config
 
-    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd"}
+    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd", "rlsd"}
     for name in methods.names():
         assert check_config(compose_cfg(*methods.get(name).overrides)).name == name
     # the resource presets of the run scripts are accepted by every method (they change no number)

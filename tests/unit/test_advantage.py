@@ -13,6 +13,8 @@ from recipe.mrtpo.core.advantage import (
     group_normalized_scores,
     relevance_weights,
     response_level_weights,
+    rlsd_lambda,
+    rlsd_reweight,
     shuffle_within_mask,
     smoothstep_beta,
 )
@@ -292,3 +294,49 @@ def test_pairs_uniform_leaves_rows_without_valid_tokens_out():
     q[0, 0, 2] = 1.0  # row 0 weighted; rows 1 and 2 uniform (qbar 0)
     _, stats = compute_mrtpo_advantage_with_stats(scores, index, mask, q, beta=0.5, max_realloc_rms=None)
     assert stats.weighted_pairs == 1 and stats.uniform_pairs == 2
+
+
+def _ms_swift_rlsd(base, mask, teacher, student, lam, clip_range, negative_only=False):
+    """ms-swift's apply_rlsd_reweight (PR 9758), as its docstring states it: one advantage per sequence."""
+    base_bt = base.unsqueeze(1).expand_as(mask)
+    delta = (teacher - student) * mask
+    w = torch.exp(torch.sign(base_bt) * delta) * mask
+    reweight = (1.0 - lam) + lam * torch.clamp(w, 1.0 - clip_range, 1.0 + clip_range)
+    if negative_only:
+        neg = (base < 0).float().unsqueeze(1)
+        reweight = neg * reweight + (1.0 - neg)
+    return base_bt * reweight * mask
+
+
+@pytest.mark.parametrize("lam, clip, neg", [(1.0, 0.2, False), (0.5, 0.2, False), (0.5, 0.05, True), (0.0, 0.2, False)])
+def test_rlsd_reweight_is_ms_swifts(lam, clip, neg):
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 9
+    base = torch.randn(B, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.2).float()
+    teacher, student = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    adv = base.unsqueeze(1) * mask
+    out, r = rlsd_reweight(adv, mask, teacher, student, lam, clip, neg)
+    assert torch.allclose(out, _ms_swift_rlsd(base, mask, teacher, student, lam, clip, neg), atol=1e-6)
+    assert (torch.sign(out) == torch.sign(adv)).all()  # r > 0: the reward's direction is never flipped
+    assert float((r - 1).abs().max()) <= lam * clip + 1e-6
+    if lam == 0.0:
+        assert torch.equal(out, adv)
+
+
+def test_rlsd_without_a_privileged_gap_is_the_advantage():
+    """delta = 0 (P_all is the rollout prompt): r = 1 on every token, whatever lambda."""
+    adv = torch.tensor([[0.5, 0.5, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    lp = torch.randn(2, 3)
+    out, r = rlsd_reweight(adv, mask, lp, lp, 1.0, 0.2)
+    assert torch.equal(out, adv * mask) and torch.equal(r, torch.ones(2, 3))
+
+
+def test_rlsd_lambda_schedule_is_ms_swifts():
+    assert [rlsd_lambda(s, 0.5) for s in (0, 7)] == [0.5, 0.5]
+    assert [rlsd_lambda(s, 0.5, warmup_steps=4) for s in (0, 2, 4, 9)] == [0.0, 0.25, 0.5, 0.5]
+    assert [rlsd_lambda(s, 0.5, warmup_steps=2, decay_steps=4) for s in (1, 2, 4, 6, 10)] == [0.25, 0.5, 0.25, 0.0, 0.0]
+    assert [rlsd_lambda(s, 0.5, decay_steps=2) for s in (0, 1, 2)] == [0.5, 0.25, 0.0]
+    with pytest.raises(ValueError):
+        rlsd_reweight(torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), 1.5, 0.2)

@@ -329,3 +329,61 @@ def compute_mrtpo_advantage_with_stats(
     if not whiten:
         return token_adv, stats
     return masked_whiten(token_adv, mask) * mask, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# RLSD: token weights from the policy's own privileged-context log-probs (docs/design.md §1.8)
+# ----------------------------------------------------------------------------------------------
+def rlsd_lambda(step: int, lam: float, warmup_steps: int = 0, decay_steps: int = 0) -> float:
+    """lambda_s of RLSD at ``step`` completed steps (ms-swift's schedule):
+
+        lambda * s / warmup                      for s < warmup  (warmup > 0)
+        lambda * max(1 - (s - warmup) / decay, 0)  for s >= warmup (decay > 0)
+        lambda                                   otherwise
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return float(lam) * step / warmup_steps
+    if decay_steps > 0 and step >= warmup_steps:
+        return float(lam) * max(1.0 - (step - warmup_steps) / decay_steps, 0.0)
+    return float(lam)
+
+
+def rlsd_reweight(
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    student_logprobs: torch.Tensor,
+    lam: float,
+    clip_range: float,
+    negative_only: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLSD's token-level reweighting of an advantage (arXiv 2604.03128; ms-swift ``--advantage_reweight rlsd``).
+
+        delta_t = log p(y_t | P_all) - log p(y_t | rollout prompt)          (no gradient)
+        w_t     = exp(sign(A_t) * delta_t)
+        r_t     = (1 - lambda) + lambda * clip(w_t, 1 - eps, 1 + eps)      eps = ``clip_range``
+        A'_t    = A_t * r_t                                                  (r_t > 0: never flips A's sign)
+
+    ``negative_only``: rows whose advantage is negative are reweighted, the others keep r = 1. A position
+    with delta = 0 (P_all is the rollout prompt, or no P_all log-probs: pass equal tensors) keeps r = 1.
+
+    Shapes: ``advantages``, ``response_mask``, ``teacher_logprobs``, ``student_logprobs`` [B, T] (the
+    advantage may vary over t; ms-swift's is one value per sequence, broadcast). Returns (A' [B, T] masked,
+    r [B, T] with 1 at masked positions).
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must be in [0, 1], got {lam}")
+    if clip_range < 0:
+        raise ValueError(f"clip_range must be >= 0, got {clip_range}")
+    m = response_mask.to(torch.float32)
+    adv = advantages.to(torch.float32)
+    delta = (teacher_logprobs.detach().float() - student_logprobs.detach().float()) * m
+    w = torch.exp(torch.sign(adv) * delta)
+    r = (1.0 - lam) + lam * w.clamp(min=1.0 - clip_range, max=1.0 + clip_range)
+    if negative_only:
+        neg = ((adv * m).sum(-1, keepdim=True) < 0).float()  # the row's direction (one value per sequence in GDPO)
+        r = neg * r + (1.0 - neg)
+    r = torch.where(m > 0, r, torch.ones_like(r))
+    return adv * r * m, r
