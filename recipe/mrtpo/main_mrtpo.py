@@ -14,6 +14,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from recipe.mrtpo import config as _config  # noqa: F401  (registers the mrtpo group's schema with Hydra)
 from recipe.mrtpo import methods
 
 

@@ -295,6 +295,11 @@ def names() -> list[str]:
     return list(METHODS)
 
 
+def modes() -> tuple[str, ...]:
+    """The values of ``mrtpo.mode`` (each method's, once)."""
+    return tuple(dict.fromkeys(m.mode for m in METHODS.values()))
+
+
 def get(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; one of {names()}")

@@ -248,3 +248,63 @@ def test_opsd_settings_are_refused_before_ray():
                      ("distillation.enabled=True", "distillation.enabled=False")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(*base, bad))
+
+
+def _readme_knobs() -> dict:
+    """{dotted knob: default text} of the README's knob table (rows ``| `mrtpo.a` / `b` | x / y | ... |``)."""
+    from pathlib import Path
+
+    rows = {}
+    for line in (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines():
+        if not line.startswith("| `mrtpo."):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = [n.strip().strip("`") for n in cells[0].split(" / ")]
+        if not cells[1]:
+            continue  # a further value of the row above (mrtpo.mode's choices)
+        parent = names[0].rsplit(".", 1)[0]
+        defaults = [d.strip().strip("`") for d in cells[1].split(" / ")]
+        assert len(names) == len(defaults), line
+        for n, d in zip(names, defaults):
+            rows[n if n.startswith("mrtpo.") else f"{parent}.{n}"] = d
+    return rows
+
+
+def test_readme_knob_table_is_the_schema():
+    """Every mrtpo.* knob in the README's table with the schema's default, and no other (defaults live in the schema)."""
+    from dataclasses import fields
+
+    from recipe.mrtpo.config import DumpConfig, MRTPOConfig
+
+    def text(v):
+        return "null" if v is None else str(v)
+
+    want = {f"mrtpo.{f.name}": text(f.default) for f in fields(MRTPOConfig) if f.name not in ("_target_", "dump")}
+    want.update({f"mrtpo.dump.{f.name}": text(f.default) for f in fields(DumpConfig) if f.name != "_target_"})
+    assert _readme_knobs() == want
+
+
+def test_the_yaml_writes_no_default():
+    """mrtpo_trainer.yaml's mrtpo group holds its _target_s and comments only; the values come from the schema."""
+    from pathlib import Path
+
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipe/mrtpo/config/mrtpo_trainer.yaml").read_text())
+    assert raw["mrtpo"] == {"_target_": "recipe.mrtpo.config.schema.MRTPOConfig",
+                            "dump": {"_target_": "recipe.mrtpo.config.schema.DumpConfig"}}
+    cfg = compose_cfg()
+    from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
+
+    assert mrtpo_config(cfg.mrtpo) == MRTPOConfig()  # the composed group is the dataclass's defaults
+
+
+def test_package_version_is_pyprojects():
+    from pathlib import Path
+
+    import tomllib
+
+    import recipe.mrtpo
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert recipe.mrtpo.__version__ == meta["project"]["version"]

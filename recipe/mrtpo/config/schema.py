@@ -8,18 +8,21 @@ attributes; nothing else writes a default. The maths behind each knob is in ``do
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.base_config import BaseConfig
 
-MEASURES = ("js_distance", "js_divergence")
-MODES = ("mrtpo", "cort", "opsd", "rlsd")
+from recipe.mrtpo.core.advantage import REWARD_WEIGHTINGS  # noqa: F401  (re-exported: the choices live with the maths)
+from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
+from recipe.mrtpo.methods import modes
+
+MODES = modes()  # mrtpo.mode's values: those of the methods registry
 #: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
 #: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
 OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
-REWARD_WEIGHTINGS = ("none", "saw", "dvao")
 
 
 @dataclass
@@ -50,7 +53,9 @@ class MRTPOConfig(BaseConfig):
     shuffle: bool = False  # the control ablation: q permuted over each response's valid tokens (§1.7)
     seed: int = 0  # seed of the shuffle (combined with the step)
     reward_weighting: str = "none"  # none | saw | dvao: per-batch lambda_k (§1.6)
-    reward_weights: Optional[dict[str, float]] = None  # fixed lambda_k by reward name; unnamed rewards 1
+    # fixed lambda_k by reward name ({name: float}); unnamed rewards 1. Typed Any for Hydra: OmegaConf cannot merge a
+    # command-line dict into a node typed Optional[dict] whose default is None; __post_init__ checks the mapping.
+    reward_weights: Any = None
     replay_micro_batch_size: int = 8  # prompt variants per replay forward
     chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
@@ -94,6 +99,8 @@ class MRTPOConfig(BaseConfig):
             raise ValueError("mrtpo.rlsd_lambda_warmup_steps and rlsd_lambda_decay_steps must be >= 0, got "
                              f"{self.rlsd_lambda_warmup_steps} and {self.rlsd_lambda_decay_steps}")
         if self.reward_weights is not None:
+            if not isinstance(self.reward_weights, Mapping):
+                raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {self.reward_weights!r}")
             bad = {k: v for k, v in dict(self.reward_weights).items() if not isinstance(v, (int, float))}
             if bad:
                 raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {bad}")
