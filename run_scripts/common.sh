@@ -8,7 +8,9 @@
 # prints the composed config instead (Hydra's `--cfg job --resolve`: no Ray, no GPU, a few seconds).
 #
 # Environment (all optional):
-#   ALGO             mrtpo (default) | gdpo | grpo | cort | shuffle | opsd; only what differs is switched:
+#   ALGO             the method (default mrtpo), one of `python3 -m recipe.mrtpo.methods names`; its overrides
+#                    come from the methods registry (recipe/mrtpo/methods.py, `python3 -m recipe.mrtpo.methods` lists
+#                    them) and switch only what differs:
 #                      grpo    algorithm.adv_estimator=grpo   (one summed reward, verl's GRPO)
 #                      gdpo    algorithm.adv_estimator=gdpo   (per-reward group normalisation, no replay)
 #                      mrtpo   algorithm.adv_estimator=mrtpo  (GDPO + per-reward token relevance, the method)
@@ -17,6 +19,7 @@
 #                      opsd    gdpo + mrtpo.mode=opsd         (on-policy self-distillation baseline: the policy under
 #                              P_all teaches the policy under the rollout prompt, verl's distillation loss added to
 #                              GDPO's policy loss; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef, docs/opsd.md)
+#                    A knob the method does not read (say mrtpo.beta=0.3 with ALGO=gdpo) is refused before Ray starts.
 #   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
 #   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)
 #   VAL_FILES        parquet file(s), comma-separated (default: the task's evaluation sets under data/)
@@ -38,7 +41,8 @@
 # The command line is echoed on stderr before it runs.
 
 MRTPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MRTPO_ALGOS="mrtpo gdpo grpo cort shuffle opsd"
+# the methods registry's command line needs only the standard library (any python3, no venv)
+MRTPO_ALGOS="$(PYTHONPATH="$MRTPO_ROOT" python3 -m recipe.mrtpo.methods names 2>/dev/null)"
 
 mrtpo_die() { printf '[mrtpo] ERROR: %s\n' "$*" >&2; exit 1; }
 mrtpo_log() { printf '[mrtpo] %s\n' "$*" >&2; }
@@ -210,17 +214,16 @@ _mrtpo_data_set() {
   esac
 }
 
-# _mrtpo_algo ALGO: the overrides that differ between the compared methods (ALGO_ARGS).
+# _mrtpo_algo ALGO: the overrides that select the method ALGO (ALGO_ARGS), from the methods registry.
 _mrtpo_algo() {
-  case "$1" in
-    grpo) ALGO_ARGS=(algorithm.adv_estimator=grpo) ;;
-    gdpo) ALGO_ARGS=(algorithm.adv_estimator=gdpo) ;;
-    mrtpo) ALGO_ARGS=(algorithm.adv_estimator=mrtpo) ;;
-    cort) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.mode=cort) ;;
-    shuffle) ALGO_ARGS=(algorithm.adv_estimator=mrtpo mrtpo.shuffle=True) ;;
-    opsd) ALGO_ARGS=(algorithm.adv_estimator=gdpo mrtpo.mode=opsd) ;;
+  [ -n "$MRTPO_ALGOS" ] || mrtpo_die "cannot read the methods registry (python3 -m recipe.mrtpo.methods in $MRTPO_ROOT)"
+  case " $MRTPO_ALGOS " in
+    *" $1 "*) ;;
     *) mrtpo_die "unknown ALGO '$1' (one of: $MRTPO_ALGOS)" ;;
   esac
+  local out
+  out="$(PYTHONPATH="$MRTPO_ROOT" python3 -m recipe.mrtpo.methods overrides "$1")" || mrtpo_die "no overrides for ALGO '$1'"
+  mapfile -t ALGO_ARGS <<<"$out"
 }
 
 # mrtpo_launch SIZE TASK [extra Hydra overrides...]: compose and run (or, with DRY_RUN=1, print) the config.

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recipe.mrtpo.methods import Method, get
+
 REPO = Path(__file__).resolve().parents[2]
 
-#: method -> (verl estimator, extra overrides); ``docs/design.md`` §1.7 for the switches
-METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "grpo": ("grpo", ()),
-    "gdpo": ("gdpo", ()),
-    "mrtpo": ("mrtpo", ()),
-    "shuffle": ("mrtpo", ("mrtpo.shuffle=True",)),
-}
+#: the compared methods (entries of the recipe's registry, recipe/mrtpo/methods.py)
+METHODS: dict[str, Method] = {name: get(name) for name in ("grpo", "gdpo", "mrtpo", "shuffle")}
 #: the methods that replay the prompts, and so write relevance dumps
-REPLAY_METHODS = ("mrtpo", "shuffle")
+REPLAY_METHODS = tuple(name for name, m in METHODS.items() if m.replay is not None)
 TASK = "synthetic_slots"
 
 

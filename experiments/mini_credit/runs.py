@@ -33,17 +33,16 @@ def method_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: 
 
     if method not in METHODS:
         raise ExperimentError(f"unknown method {method!r}; known: {sorted(METHODS)}")
-    estimator, extra = METHODS[method]
+    m = METHODS[method]
+    knobs = {"seed": seed, "beta": beta, "warmup_steps": warmup}  # set only where the method reads them (else refused)
     ov = [
-        *tiny_run_overrides(model, data, run_dir, estimator, steps, lr=lr),
-        *extra,
+        *tiny_run_overrides(model, data, run_dir, m.estimator, steps, lr=lr),
+        *m.overrides[1:],
         "trainer.save_freq=-1",
         "trainer.project_name=mrtpo_mini_credit",
         f"trainer.experiment_name={method}_seed{seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
-        f"mrtpo.seed={seed}",
-        f"mrtpo.beta={beta}",
-        f"mrtpo.warmup_steps={warmup}",
+        *(f"mrtpo.{k}={v}" for k, v in knobs.items() if m.reads_knob(k)),
     ]
     if method in REPLAY_METHODS:
         ov += ["mrtpo.dump.every_n_steps=1", f"mrtpo.dump.max_samples={samples_per_step}",

@@ -1,9 +1,12 @@
 """MRTPO: reward-specific token-level credit assignment for multi-reward RL, as a verl 0.9.1 recipe.
 
-The maths lives in `relevance` (per-token Jensen-Shannon between two prompt variants) and
-`advantage` (relevance weights, the MRTPO/GDPO token advantage, SAW/DVAO reward weighting); both
-import torch and numpy only. verl coupling (estimator registration, reward manager, trainer,
-worker) sits in their own thin modules.
+The maths lives in ``core/`` (torch and numpy only): ``relevance`` (the per-token Jensen-Shannon between two
+prompt variants), ``advantage`` (relevance weights, the MRTPO/GDPO token advantage, SAW/DVAO reward
+weighting, RLSD's reweight), ``replay`` and ``opsd`` (the worker-side passes). ``methods`` is the registry of
+the compared methods (GRPO, GDPO, MRTPO, CoRT, shuffle, OPSD, RLSD). The verl coupling sits in its own thin
+modules: the ``mrtpo`` reward manager, the trainer (verl's v1 sync trainer registered as ``mrtpo``, its
+advantage step overridden), the actor worker (verl's plus the replay and teacher passes), the entry point
+``main_mrtpo`` and the guarded re-statement of verl's step, ``verl_seam``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # pyproject.toml's

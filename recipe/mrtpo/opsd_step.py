@@ -1,7 +1,9 @@
 """OPSD's part of the trainer's advantage step (``mrtpo.mode=opsd``, docs/opsd.md), on verl's batch.
 
-After the advantage is written (GDPO's for ``adv_estimator`` gdpo/mrtpo, verl's own for grpo),
-:func:`write_opsd_teacher` reads what the teacher pass needs from TransferQueue, runs it on the actor's
+OPSD's entry in :mod:`recipe.mrtpo.methods` attaches :func:`write_opsd_teacher` as its after-step hook: after
+GDPO's advantage is written, it takes the step's inputs from its :class:`~recipe.mrtpo.methods.StepContext`
+(the reward table, the prompts, the renderer, the actor's worker group), fetches the responses and
+verl's old log-probs from TransferQueue, runs the teacher pass on the actor's
 workers (``compute_opsd_teacher``, through :func:`recipe.mrtpo.opsd_driver.run_opsd_teacher`), writes
 verl's ``teacher_logprobs`` / ``teacher_ids`` back, and puts the loss settings in the batch's
 ``extra_info`` for the actor update (``worker.update_actor`` installs verl's distillation loss from them).
@@ -11,17 +13,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
 from recipe.mrtpo import verl_seam
+from recipe.mrtpo.methods import StepContext
 from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY, distillation_loss_settings, run_opsd_teacher, teacher_fields, uses_topk
-from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 
-FIELDS = ["raw_prompt", "prompts", "responses", "old_log_probs", "extra_fields"]
+#: what the teacher pass reads of the batch (the step's own fetch, ``StepContext.fields``, brings the first three)
+FIELDS = ["raw_prompt", "prompts", "extra_fields", "responses", "old_log_probs"]
 
 
 def _list(x) -> list:
@@ -52,51 +54,44 @@ def verl_loss_group(config) -> Optional[dict]:
 
 
 def check_opsd_settings(config) -> None:
-    """verl settings OPSD cannot run with, refused with what to change (docs/opsd.md, Limits): the teacher pass
-    is the replay's plain module forward (no fused kernels, Ulysses SP 1), verl's top-k loss needs the logits,
-    and ``distillation.enabled`` would start verl's teacher servers besides the self-teacher."""
-    arr = config.actor_rollout_ref
-    if bool(arr.model.get("use_fused_kernels", False)) or bool(arr.actor.get("use_fused_kernels", False)):
-        raise ValueError("mrtpo.mode=opsd needs the logits (teacher pass, top-k loss): set actor_rollout_ref.model.use_fused_kernels=False")
-    if int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1:
-        raise ValueError("mrtpo.mode=opsd runs whole sequences through the plain module forward: set actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
+    """What OPSD adds to the pass checks of its entry (``methods.check_module_forward``: no fused kernels, Ulysses
+    SP 1, FSDP): ``distillation.enabled`` would start verl's teacher servers besides the self-teacher."""
     dist = config.get("distillation", None)
     if dist is not None and bool(dist.get("enabled", False)):
-        raise ValueError("mrtpo.mode=opsd is the actor's own teacher: leave distillation.enabled=False (True starts verl's teacher servers)")
+        raise ValueError("method opsd (mrtpo.mode=opsd) is the actor's own teacher: leave distillation.enabled=False "
+                         "(True starts verl's teacher servers)")
 
 
-def write_opsd_teacher(trainer, batch, metrics: dict, table: Optional[RewardTable] = None):
-    """The teacher pass of ``batch`` and its fields in TransferQueue; returns the batch meta for the update."""
-    check_opsd_settings(trainer.config)
-    cfg = trainer.mrtpo
-    d = verl_seam.fetch_fields(batch, FIELDS)
-    if table is None:
-        extras = reward_extras(_list(d["extra_fields"]))
-        table = read_reward_table(extras, np.arange(len(extras)))
-    pad_id = int(trainer.tokenizer.pad_token_id or 0)
-    resp_lens = _lengths(d["responses"])
-    responses = _padded(d["responses"], pad_id).long()
+def write_opsd_teacher(ctx: StepContext):
+    """OPSD's after-step hook (its entry in :mod:`recipe.mrtpo.methods`): the teacher pass of the batch and its
+    fields in TransferQueue; returns the batch meta for the update."""
+    cfg, config = ctx.cfg, ctx.config
+    d = ctx.fields
+    extra = verl_seam.fetch_fields(ctx.batch, [f for f in FIELDS if f not in d])
+    pad_id = int(ctx.tokenizer.pad_token_id or 0)
+    resp_lens = _lengths(extra["responses"])
+    responses = _padded(extra["responses"], pad_id).long()
     valid = (torch.arange(responses.shape[1]).unsqueeze(0) < resp_lens.unsqueeze(1)).long()
-    old = d.get("old_log_probs", None)
+    old = extra.get("old_log_probs", None)
     prompts = [[int(t) for t in _list(p)] for p in (d["prompts"].unbind() if getattr(d["prompts"], "is_nested", False) else d["prompts"])]
     messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _list(d["raw_prompt"])]
 
     def dispatch(inputs: dict, settings: dict) -> dict:
         td = TensorDict(inputs, batch_size=[inputs["prompt_lens"].shape[0]])
         tu.assign_non_tensor(td, **settings)
-        out = trainer.actor_rollout_wg.compute_opsd_teacher(td)
+        out = ctx.worker_group.compute_opsd_teacher(td)
         return out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out
 
     teacher = run_opsd_teacher(
-        cfg, table, messages, responses, valid, prompts, trainer._render, dispatch, trainer._actor_dp_size(),
-        temperature=float(trainer.config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
-        token_budget=token_budget(trainer.config), old_log_probs=_padded(old, 0.0) if old is not None else None,
+        cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, ctx.dp_size(),
+        temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
+        token_budget=token_budget(config), old_log_probs=_padded(old, 0.0) if old is not None else None,
     )
-    metrics.update(teacher.metrics)
+    ctx.metrics.update(teacher.metrics)
     fields = teacher_fields(teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), uses_topk(cfg), pad_id)
-    out = verl_seam.write_fields(batch, fields)
-    extra = getattr(out, "extra_info", None)
-    if extra is None:
-        extra = out.extra_info = {}
-    extra[LOSS_SETTINGS_KEY] = distillation_loss_settings(cfg, verl_loss_group(trainer.config))
+    out = verl_seam.write_fields(ctx.batch, fields)
+    info = getattr(out, "extra_info", None)
+    if info is None:
+        info = out.extra_info = {}
+    info[LOSS_SETTINGS_KEY] = distillation_loss_settings(cfg, verl_loss_group(config))
     return out

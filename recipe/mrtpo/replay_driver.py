@@ -21,6 +21,7 @@ from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.prompt_variants import rollout_prompt_variant
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
+from recipe.mrtpo.methods import replay_pass_of
 from recipe.mrtpo.reward_extras import RewardTable
 
 # dispatch(inputs: dict of packed tensors [R', ...], settings: dict) ->
@@ -81,9 +82,10 @@ def run_replay(
     ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
     """
     t0 = time.perf_counter()
+    spec = replay_pass_of(cfg)  # what the method's entry asks of the replay (recipe.mrtpo.methods)
     plan = build_replay_plan(
         table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
-        max_prompt_length=cfg.max_replay_prompt_length, joint=cfg.mode == "cort", pad_id=pad_id,
+        max_prompt_length=cfg.max_replay_prompt_length, joint=spec.joint, pad_id=pad_id,
     )
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
     result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows))
@@ -96,13 +98,15 @@ def run_replay(
         variants = [ids[j, ids.shape[-1] - int(lens[j]):].tolist() if int(lens[j]) else [] for j in range(lens.shape[0])]
         v = rollout_prompt_variant(variants, rollout_prompts[_i])
         forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
+        if spec.p_all_logprobs:  # the method needs log p(y | P_all) itself (RLSD): variant 0 on every row
+            v, forwarded = (0, True) if v == 0 else (-1, False)
         lp_variant[r] = v if v >= 0 and forwarded else 0
         result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
     if plan.rows:
         inputs, _ = pad_rows({**plan.inputs, "logprob_variant": lp_variant}, dp_size)
         settings = {
             "temperature": float(temperature),
-            "measure": cfg.measure_for_replay,
+            "measure": spec.measure_of(cfg),
             "micro_batch_size": cfg.replay_micro_batch_size,
             "token_budget": int(token_budget or 0),
             "chunk_size": int(cfg.chunk_size or 0),

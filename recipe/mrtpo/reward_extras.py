@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -90,13 +90,19 @@ class RewardTable:
 
     names: the K reward names (sorted union over the batch); scores: [B, K] (NaN = absent; a sample whose
     verifier raised has 0 on its group's rewards); contexts: per sample {name: {"text", "placement"}};
-    errors: per sample verifier error ("" if none).
+    errors: per sample verifier error ("" if none); raised: per sample, the verifier raised (no scores at all;
+    a checker that failed on one reward leaves an error but its scores).
     """
 
     names: list[str]
     scores: torch.Tensor
     contexts: list[dict]
     errors: list[str]
+    raised: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.raised:
+            self.raised = [False] * len(self.errors)
 
     @property
     def n_errors(self) -> int:
@@ -112,4 +118,4 @@ def read_reward_table(extras: Sequence[dict], index) -> RewardTable:
     errored = [bool(err) and not _parse(s) for err, s in zip(errors, per_sample)]
     scores = fill_errored_samples(scores, errored, index)
     contexts = [_parse(e.get(CONTEXTS_KEY) or "{}") for e in extras]
-    return RewardTable(names=names, scores=scores, contexts=contexts, errors=errors)
+    return RewardTable(names=names, scores=scores, contexts=contexts, errors=errors, raised=errored)

@@ -17,7 +17,11 @@ For each sample it decodes the response, dispatches on ``data_source`` to the ta
 verl's reward loop requires every sample to carry the same extra keys, so the ragged per-reward
 scores travel as one JSON object per sample. A verifier that raises never crashes the run: the
 sample scores 0, ``mrtpo_rewards`` stays empty (the trainer fills 0 for every reward of the sample's
-group and counts ``mrtpo/verifier_errors``), and the reason is logged and kept in ``mrtpo_error``.
+group and counts ``mrtpo/verifier_errors``), and the reason is logged and kept in ``mrtpo_error``. A batch in
+which every verifier raised (say, a custom task whose module was never imported) has no reward at all: the
+trainer logs it, counts ``mrtpo/batches_without_scores`` and trains the batch with zero advantage. A checker
+that fails on one reward keeps the sample's other scores (the verifier scored that one 0) and is counted
+apart, as ``mrtpo/checker_errors``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from recipe.mrtpo.tasks import RewardResult, get_task, to_plain
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
-
 
 
 def score_sample(data_source: str, response: str, ground_truth, extra_info) -> dict:

@@ -4,19 +4,16 @@
 sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are verl's own loop. Changed:
 
 1. the actor role runs :class:`recipe.mrtpo.worker.MRTPOActorRolloutRefWorker` (verl's worker plus the
-   replay method), chosen where verl chooses the worker class (``_init_resource_pool_mgr``);
-2. ``_compute_advantage`` for ``adv_estimator`` in ``mrtpo``/``gdpo``: read the per-reward scores and
-   contexts the ``mrtpo`` reward manager left in TransferQueue, replay (``mrtpo`` only), and compute the
-   token advantage with :func:`recipe.mrtpo.core.advantage.compute_mrtpo_advantage_with_stats`
-   (``docs/design.md`` §1). What it must re-state of verl's step is :mod:`recipe.mrtpo.verl_seam`. Any
-   other estimator (``grpo``...) is verl's step unchanged. (verl's own ``gdpo`` cannot run on the v1 path:
-   its step fetches no reward extras.)
-3. ``mrtpo.mode=opsd`` (the OPSD baseline, ``docs/opsd.md``): no replay; after the advantage,
-   :func:`recipe.mrtpo.opsd_step.write_opsd_teacher` adds the self-teacher's fields and loss settings, and the
-   worker's ``update_actor`` runs verl's own distillation loss.
+   replay and OPSD-teacher passes), chosen where verl chooses the worker class (``_init_resource_pool_mgr``);
+2. ``_compute_advantage``, for the run's method (:mod:`recipe.mrtpo.methods`, resolved once from the config):
+   fetch the step's inputs once, read the per-reward scores and contexts the ``mrtpo`` reward manager left in
+   TransferQueue (the reward table), run the method's replay pass when its schedule is > 0, compute its token
+   advantage, write it, run its after-step hook (OPSD's teacher pass), dump. What it must re-state of verl's
+   step is :mod:`recipe.mrtpo.verl_seam`. A method without its own advantage (GRPO) runs verl's step unchanged.
+   (verl's own ``gdpo`` cannot run on the v1 path: its step fetches no reward extras.)
 
-The warm-up step is s = global_steps - 1 (completed steps); verl restores ``global_steps`` from the
-checkpoint on resume, so the beta schedule continues where it stopped (§1.4).
+The step is s = global_steps - 1 (completed steps); verl restores ``global_steps`` from the checkpoint on
+resume, so the schedules (beta_s, RLSD's lambda) continue where they stopped (§1.4).
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import ray
@@ -35,12 +33,11 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from recipe.mrtpo import verl_seam
-from recipe.mrtpo.config import RECIPE_ESTIMATORS, MRTPOConfig, mrtpo_config
-from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
+from recipe.mrtpo import methods, verl_seam
+from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.prompt_variants import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
-from recipe.mrtpo.opsd_step import write_opsd_teacher
+from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -61,6 +58,9 @@ def _tolist(x) -> list:
         return []
     return list(x.tolist()) if hasattr(x, "tolist") else list(x)
 
+
+#: what the step reads of the batch besides verl's advantage fields, in one fetch (hooks get it in their context)
+STEP_FIELDS = ["extra_fields", "raw_prompt", "prompts"]
 
 #: verl 0.9.1's padding rows (``padding_utils.upsample_batch_to_divisible_size``): uid "pad" + uuid4 hex
 PAD_UID = re.compile(r"^pad[0-9a-f]{32}$")
@@ -95,7 +95,9 @@ def reward_metrics(table: RewardTable, valid=None) -> dict:
         col = col[~torch.isnan(col)]
         metrics[f"mrtpo/reward/{name}/mean"] = float(col.mean()) if col.numel() else float("nan")
         metrics[f"mrtpo/reward/{name}/count"] = int(col.numel())
-    metrics["mrtpo/verifier_errors"] = float(sum(1 for e, v in zip(table.errors, keep.tolist()) if e and v))
+    # a verifier that raised (the row has no scores) apart from a checker that failed on one reward (scored 0)
+    metrics["mrtpo/verifier_errors"] = float(sum(1 for r, v in zip(table.raised, keep.tolist()) if r and v))
+    metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
     return metrics
 
 
@@ -127,80 +129,81 @@ class MRTPOTrainer(PPOTrainerSync):
             cfg = self._mrtpo_cfg = mrtpo_config(self.config.get("mrtpo", None))
         return cfg
 
+    @property
+    def method(self) -> Method:
+        """The run's method (``recipe.mrtpo.methods``), resolved once (``main_mrtpo.check_config`` did it before Ray)."""
+        m = getattr(self, "_method", None)
+        if m is None:
+            m = self._method = methods.resolve(self.config)
+        return m
+
     # ------------------------------------------------------------------ the changed step
     def _compute_advantage(self, batch, metrics: dict):
-        est = self.config.algorithm.adv_estimator
-        est = str(getattr(est, "value", est))
-        extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
-        if est not in RECIPE_ESTIMATORS:
+        method, cfg = self.method, self.mrtpo
+        fields = verl_seam.fetch_fields(batch, STEP_FIELDS)
+        extras = reward_extras(_tolist(fields["extra_fields"]))
+        if not method.recipe_step:  # verl's estimator step (GRPO); the recipe only adds its reward metrics
             if any(extras):
                 valid = ~padding_rows(batch, None) if len(getattr(batch, "tags", None) or []) == len(extras) else None
                 metrics.update(reward_metrics(read_reward_table(extras, np.arange(len(extras))), valid))
-            out = super()._compute_advantage(batch, metrics)
-            return write_opsd_teacher(self, batch, metrics) if self.mrtpo.mode == "opsd" else out
+            return super()._compute_advantage(batch, metrics)
 
         ab = verl_seam.read_advantage_batch(self.config, batch, metrics)
-        index, mask = ab.uid, ab.response_mask.float()
-        table = read_reward_table(extras, index)
-        valid = ~padding_rows(batch, index)  # verl's padding rows: out of the reward metrics and SAW/DVAO
+        table = read_reward_table(extras, ab.uid)
+        valid = ~padding_rows(batch, ab.uid)  # verl's padding rows: out of the reward metrics and SAW/DVAO
         metrics["mrtpo/padding_rows"] = int((~valid).sum())
         metrics.update(reward_metrics(table, valid))
-        if not table.names:
+        if not table.names and not any(table.raised):
             raise RuntimeError(
-                "no per-reward scores in the batch: the 'mrtpo' and 'gdpo' estimators of this recipe need the "
-                "'mrtpo' reward manager (reward.reward_manager.name=MRTPORewardManager, source=importlib)"
+                f"no per-reward scores in the batch: method {method.name} needs the 'mrtpo' reward manager "
+                "(reward.reward_manager.name=MRTPORewardManager, source=importlib)"
             )
-        cfg = self.mrtpo
+        if not table.names:  # every verifier raised (e.g. a task that was never imported): zero advantage, go on
+            logger.warning("mrtpo: every verifier of step %s raised (first: %s); the batch trains with zero advantage",
+                           self.global_steps, next(e for e in table.errors if e))
+            metrics["mrtpo/batches_without_scores"] = 1
         step = max(0, int(self.global_steps) - 1)
-        beta_s = smoothstep_beta(step, cfg.beta, cfg.warmup_steps) if est == "mrtpo" and cfg.mode != "opsd" else 0.0
+        strength = method.strength(cfg, step) if method.strength is not None else 0.0
         replay = None
-        if est == "mrtpo" and cfg.replay and beta_s > 0:
+        if method.replay is not None and strength > 0:
             replay = self._replay(batch, ab, table)
             metrics.update(replay.metrics)
             metrics.update(replay.consistency_metrics(ab.response_mask, ab.data.batch.get("old_log_probs", None)))
-        elif est == "mrtpo":
-            metrics["mrtpo/replay_skipped"] = 1.0  # beta_s = 0 (warm-up start) or replay disabled: plain GDPO
+        elif method.replay is not None:
+            metrics["mrtpo/replay_skipped"] = 1.0  # strength 0 (warm-up start) or replay disabled: plain GDPO
 
-        adv, stats = self._advantage(table, index, mask, replay, beta_s, step, valid)
-        if replay is not None:
-            gdpo_adv, _ = self._advantage(table, index, mask, None, 0.0, step, valid)
+        inputs = AdvantageInputs(cfg, table, ab.uid, ab.response_mask.float(), valid, step, strength, replay,
+                                 ab.data.batch.get("old_log_probs", None))
+        adv = self._advantage(method, inputs, metrics)
+        out = verl_seam.write_advantages(batch, ab, adv, adv)
+        if method.after_step is not None:
+            out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
+                                                self._render, self.actor_rollout_wg, self._actor_dp_size))
+        self._maybe_dump(ab, table, replay, adv, metrics.get("mrtpo/beta", 0.0), metrics)
+        return out
+
+    def _advantage(self, method: Method, inputs: AdvantageInputs, metrics: dict) -> torch.Tensor:
+        """The method's token advantage [B, T] and its metrics (the core's statistics, the difference to GDPO)."""
+        adv, stats = method.advantage(inputs)
+        mask = inputs.mask
+        if inputs.replay is not None:
+            gdpo_adv, _ = gdpo_advantage(replace(inputs, replay=None, strength=0.0))
             metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] = float(((adv - gdpo_adv).abs() * mask).max())
         metrics.update(
             {
-                "mrtpo/beta": beta_s,
+                "mrtpo/beta": inputs.strength if method.reads_knob("beta") else 0.0,
                 "mrtpo/weight_max": stats.weight_max,
                 "mrtpo/weight_min": stats.weight_min,
                 "mrtpo/pairs_uniform": stats.uniform_pairs,
                 "mrtpo/pairs_weighted": stats.weighted_pairs,
-                "mrtpo/num_rewards": len(table.names),
+                "mrtpo/num_rewards": len(inputs.table.names),
                 "mrtpo/adv_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp(min=1)),
+                **stats.extra,
             }
         )
-        for name, lam in zip(table.names, stats.reward_weights):
+        for name, lam in zip(inputs.table.names, stats.reward_weights):
             metrics[f"mrtpo/lambda/{name}"] = lam
-        out = verl_seam.write_advantages(batch, ab, adv, adv)
-        if cfg.mode == "opsd":  # OPSD: GDPO's advantage + the teacher fields and loss settings (docs/opsd.md)
-            out = write_opsd_teacher(self, batch, metrics, table)
-        self._maybe_dump(ab, table, replay, adv, beta_s, metrics)
-        return out
-
-    def _advantage(self, table: RewardTable, index, mask: torch.Tensor, replay, beta_s: float, step: int, valid=None):
-        """The core advantage (§1.1, §1.3, §1.5, §1.6) of the batch: [B, T] and its statistics."""
-        cfg = self.mrtpo
-        gen = torch.Generator().manual_seed(cfg.seed * 100003 + step) if cfg.shuffle else None
-        return compute_mrtpo_advantage_with_stats(
-            table.scores,
-            index,
-            mask,
-            replay.relevance if replay is not None else None,
-            beta=beta_s,
-            reward_weights=[cfg.reward_weight(n) for n in table.names],
-            max_realloc_rms=cfg.max_realloc_rms,
-            shuffle=cfg.shuffle,
-            generator=gen,
-            reward_weighting=cfg.reward_weighting,
-            valid=valid,
-        )
+        return adv
 
     # ------------------------------------------------------------------ replay
     def _render(self, messages: list[dict]) -> list[int]:

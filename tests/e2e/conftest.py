@@ -41,3 +41,13 @@ def if_train_parquet(tmp_path_factory) -> Path:
            "--limit", "8", "--samples-per-prompt", "1", "--test-fraction", "0", "--seed", "0"]
     subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
     return out / "train.parquet"
+
+
+@pytest.fixture(scope="session")
+def chinook_train_parquet(tmp_path_factory):
+    """The Chinook text-to-SQL set (``python -m data_prep.build_offline --only chinook``): its gold SQL is an
+    appended context, so every P_all differs from the rollout prompt."""
+    out = tmp_path_factory.mktemp("chinook")
+    subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out", str(out), "--only", "chinook"], cwd=REPO_ROOT,
+                   check=True, capture_output=True, timeout=300)
+    return out / "chinook" / "train.parquet"

@@ -23,7 +23,8 @@ BETA, WARMUP = 0.5, 4
 
 
 def overrides(model: Path, data: Path, out: Path, estimator: str, steps: int, *extra: str, lr: float = 1e-3) -> list[str]:
-    return [*tiny_run_overrides(model, data, out, estimator, steps, lr=lr), f"mrtpo.beta={BETA}", f"mrtpo.warmup_steps={WARMUP}", *extra]
+    knobs = [f"mrtpo.beta={BETA}", f"mrtpo.warmup_steps={WARMUP}"] if estimator == "mrtpo" else []  # else refused: unread
+    return [*tiny_run_overrides(model, data, out, estimator, steps, lr=lr), *knobs, *extra]
 
 
 def assert_ok(res, steps):

@@ -59,20 +59,6 @@ def test_opsd_two_steps(tiny_qwen2_dir, if_train_parquet, tmp_path):
           f"{s2['actor/distillation/teacher_mass']:.3f}")
 
 
-@pytest.fixture(scope="module")
-def chinook_train_parquet(tmp_path_factory):
-    """The Chinook text-to-SQL set (``python -m data_prep.build_offline --only chinook``): its gold SQL is an
-    appended context, so every P_all differs from the rollout prompt."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    out = tmp_path_factory.mktemp("chinook")
-    subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out", str(out), "--only", "chinook"], cwd=Path(__file__).resolve().parents[2],
-                   check=True, capture_output=True, timeout=300)
-    return out / "chinook" / "train.parquet"
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_opsd_privileged_text2sql_step_with_the_k3_estimator(tiny_qwen2_dir, chinook_train_parquet, tmp_path):

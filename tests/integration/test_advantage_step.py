@@ -17,9 +17,15 @@ from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
 from recipe.mrtpo import verl_seam
-from recipe.mrtpo.core.advantage import compute_mrtpo_advantage, smoothstep_beta
+from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
 from recipe.mrtpo.core.replay import hf_forward
 from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+
+
+def mrtpo_adv(*args, **kwargs):
+    """The core advantage alone (the statistics left out)."""
+    return compute_mrtpo_advantage_with_stats(*args, **kwargs)[0]
+
 
 MSGS = [{"role": "user", "content": "Write a haiku about rain. Do not use any commas. Use only lowercase letters."}]
 CTX = {"no_comma": {"text": "Do not use any commas.", "placement": "prompt"},
@@ -92,12 +98,12 @@ def make_trainer(tok, model, step: int, *overrides: str):
     return trainer, calls
 
 
-def make_batch(tok, model, scores=SCORES, errors=None):
+def make_batch(tok, model, scores=SCORES, errors=None, ctx=CTX):
     prompt = render(tok, MSGS)
     g = torch.Generator().manual_seed(0)
     responses = [torch.randint(0, 150_000, (n,), generator=g) for n in LENS]
     nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
-    extras = [{"reward_extra_info": {SCORES_KEY: json.dumps(s), CONTEXTS_KEY: json.dumps(CTX), ERROR_KEY: (errors or [""] * 4)[i]}}
+    extras = [{"reward_extra_info": {SCORES_KEY: json.dumps(s), CONTEXTS_KEY: json.dumps(ctx), ERROR_KEY: (errors or [""] * 4)[i]}}
               for i, s in enumerate(scores)]
     td = TensorDict(
         {
@@ -121,9 +127,9 @@ class Meta(SimpleNamespace):
         return len(self.keys)
 
 
-def run_step(monkeypatch, tiny, step, *overrides, scores=SCORES, errors=None):
+def run_step(monkeypatch, tiny, step, *overrides, scores=SCORES, errors=None, ctx=CTX):
     tok, model = tiny
-    td, _, responses = make_batch(tok, model, scores, errors)
+    td, _, responses = make_batch(tok, model, scores, errors, ctx)
     fake = FakeTQ(td)
     monkeypatch.setattr(verl_seam, "tq", fake)
     trainer, calls = make_trainer(tok, model, step, *overrides)
@@ -152,7 +158,7 @@ def test_mrtpo_step_equals_the_core_on_a_direct_replay(monkeypatch, tiny):
     assert metrics["mrtpo/consistency/rows"] == 4 and metrics["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4
     assert metrics["mrtpo/reward/lower/mean"] == pytest.approx(0.5) and metrics["mrtpo/verifier_errors"] == 0
     assert metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3  # the replay moved credit
-    gdpo = compute_mrtpo_advantage(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0)
+    gdpo = mrtpo_adv(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0)
     assert not torch.allclose(adv, gdpo, atol=1e-4)
     assert torch.isfinite(adv).all() and float((adv * (1 - mask)).abs().max()) == 0
 
@@ -184,6 +190,72 @@ def test_errored_verifier_counts_and_scores_zero(monkeypatch, tiny):
     scores[3] = {}
     fake, metrics, _, _ = run_step(monkeypatch, tiny, 6, scores=scores, errors=["", "", "", "ValueError: boom"])
     assert metrics["mrtpo/verifier_errors"] == 1 and torch.isfinite(padded(fake.put["advantages"])).all()
+
+
+def test_a_batch_whose_verifiers_all_raised_trains_with_zero_advantage(monkeypatch, tiny):
+    """Every verifier raised (a task never imported): counted and logged, zero advantage, no crash, no replay."""
+    errors = ["KeyError: no task 'custom'"] * 4
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, scores=[{}] * 4, errors=errors)
+    assert metrics["mrtpo/verifier_errors"] == 4 and metrics["mrtpo/batches_without_scores"] == 1
+    assert metrics["mrtpo/num_rewards"] == 0 and calls == []
+    assert (padded(fake.put["advantages"]) == 0).all()
+
+
+def test_checker_errors_are_counted_apart_from_raising_verifiers(monkeypatch, tiny):
+    """A checker that failed on one reward keeps the sample's scores; only a verifier without scores raised."""
+    errors = ["lower: ValueError: bad", "", "", "ValueError: boom"]
+    scores = [*SCORES[:3], {}]
+    fake, metrics, _, _ = run_step(monkeypatch, tiny, 6, scores=scores, errors=errors)
+    assert metrics["mrtpo/verifier_errors"] == 1 and metrics["mrtpo/checker_errors"] == 1
+
+
+RLSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd")
+# "lower"'s Z is appended (a verifier block, as text-to-SQL's gold SQL): P_all differs from the rollout prompt
+CTX_APPENDED = {"no_comma": CTX["no_comma"], "lower": {"text": "rain falls on the roof", "placement": "appended"}}
+
+
+def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny):
+    """P_all equal to the rollout prompt (every Z in the prompt): delta = 0 on every token, RLSD is GDPO exactly."""
+    ref, _, _, _ = run_step(monkeypatch, tiny, 6, "algorithm.adv_estimator=gdpo")
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
+    assert calls == [4] and metrics["mrtpo/rlsd/rows_privileged"] == 0 and metrics["mrtpo/rlsd/lambda"] == 1.0
+    assert torch.equal(padded(fake.put["advantages"]), padded(ref.put["advantages"]))
+
+
+def test_rlsd_step_equals_the_core_on_p_alls_own_log_probs(monkeypatch, tiny):
+    """The replay's P_all log-probs against old_log_probs, through the core function, on an appended context."""
+    from recipe.mrtpo.core.advantage import masked_whiten, rlsd_lambda, rlsd_reweight
+    from recipe.mrtpo.core.prompt_variants import build_sample_variants
+
+    tok, model = tiny
+    fake, metrics, calls, responses = run_step(monkeypatch, tiny, 3, *RLSD, "mrtpo.rlsd_lambda_warmup_steps=4",
+                                               "mrtpo.rlsd_reweight_clip_range=0.5", ctx=CTX_APPENDED)
+    lam = rlsd_lambda(2, 0.5, 4)
+    assert calls == [4] and metrics["mrtpo/rlsd/rows_privileged"] == 4 and metrics["mrtpo/rlsd/lambda"] == pytest.approx(lam)
+    mask = torch.zeros(4, max(LENS))
+    for i, n in enumerate(LENS):
+        mask[i, :n] = 1
+    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0]
+    prompt = render(tok, MSGS)
+    assert len(p_all) > len(prompt)
+    teacher, student = torch.zeros(4, max(LENS)), torch.zeros(4, max(LENS))
+    for i, r in enumerate(responses):
+        teacher[i, : len(r)] = old_log_probs(model, list(p_all), r)
+        student[i, : len(r)] = old_log_probs(model, prompt, r)
+    scores = torch.tensor([[s["lower"], s["no_comma"]] for s in SCORES])
+    raw = mrtpo_adv(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0, whiten=False)
+    want = masked_whiten(rlsd_reweight(raw, mask, teacher, student, lam, 0.5)[0], mask) * mask
+    adv = padded(fake.put["advantages"])
+    assert torch.allclose(adv, want, atol=1e-4)
+    gdpo = masked_whiten(raw, mask) * mask
+    assert float((adv - gdpo).abs().max()) > 1e-3 and metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3
+    assert 1 - lam * 0.5 - 1e-6 <= metrics["mrtpo/rlsd/weight_min"] <= metrics["mrtpo/rlsd/weight_max"] <= 1 + lam * 0.5 + 1e-6
+
+
+def test_rlsd_at_lambda_zero_replays_nothing(monkeypatch, tiny):
+    """lambda_s = 0 (the warm-up's first step): no replay, GDPO."""
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 1, *RLSD, "mrtpo.rlsd_lambda_warmup_steps=3", ctx=CTX_APPENDED)
+    assert calls == [] and metrics["mrtpo/replay_skipped"] == 1.0 and metrics["mrtpo/rlsd/lambda"] == 0.0
 
 
 def test_grpo_is_verls_own_step(monkeypatch, tiny):

@@ -3,6 +3,8 @@
 import pytest
 from hydra import compose, initialize_config_module
 
+ARR = "actor_rollout_ref"
+
 
 def compose_cfg(*overrides):
     with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
@@ -57,15 +59,66 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
     assert typed.dump.every_n_steps == 0 and typed.dump.max_samples == 8
     for bad, msg in (("mrtpo.beta=1.0", r"\[0, 1\)"), ("mrtpo.beta=-0.1", "beta"), ("mrtpo.measure=kl", "measure"),
                      ("mrtpo.mode=x", "mode"), ("mrtpo.replay_micro_batch_size=0", "micro_batch"),
-                     ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples")):
+                     ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples"),
+                     ("mrtpo.rlsd_lambda=1.5", "rlsd_lambda"), ("mrtpo.rlsd_reweight_clip_range=-0.1", "clip_range")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(bad))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
         check_config(compose_cfg("algorithm.norm_adv_by_std_in_grpo=False"))
-    check_config(compose_cfg("mrtpo.beta=0.99", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))
+    check_config(compose_cfg("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"))  # verl's own step
 
 
-ARR = "actor_rollout_ref"
+@pytest.mark.parametrize(
+    "overrides, setting, method",
+    [
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=cort"), "mrtpo.mode=cort", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.mode=cort"), "mrtpo.mode=cort", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "shuffle"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "shuffle"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=cort", "mrtpo.shuffle=True"), "mrtpo.shuffle=True", "cort"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.reward_weighting=saw"), "mrtpo.reward_weighting=saw", "grpo"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.reward_weights={format: 0.5}"), "mrtpo.reward_weights=", "grpo"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.dump.every_n_steps=1"), "mrtpo.dump.every_n_steps=1", "grpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=cort", "mrtpo.measure=js_divergence"), "mrtpo.measure=js_divergence", "cort"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "gdpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.replay=False"), "mrtpo.replay=False", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.seed=3"), "mrtpo.seed=3", "mrtpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.opsd_topk=8"), "mrtpo.opsd_topk=8", "mrtpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "mrtpo.beta=0.2"), "mrtpo.beta=0.2", "opsd"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=opsd"), "mrtpo.mode=opsd", "opsd"),
+        (("algorithm.adv_estimator=grpo", "mrtpo.mode=opsd"), "mrtpo.mode=opsd", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", f"{ARR}.actor.strategy=megatron"), f"{ARR}.actor.strategy=megatron", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", f"{ARR}.actor.ulysses_sequence_parallel_size=2"),
+         f"{ARR}.actor.ulysses_sequence_parallel_size=2", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "algorithm.use_kl_in_reward=True"), "algorithm.use_kl_in_reward=True", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=rlsd"), "mrtpo.mode=rlsd", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "mrtpo.measure=js_divergence"), "mrtpo.measure=js_divergence", "rlsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.rlsd_lambda=0.3"), "mrtpo.rlsd_lambda=0.3", "gdpo"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.rlsd_negative_only=True"), "mrtpo.rlsd_negative_only=True", "mrtpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", f"{ARR}.model.use_fused_kernels=True"), "use_fused_kernels", "rlsd"),
+    ],
+)
+def test_inert_or_contradictory_settings_are_refused_naming_the_setting_and_the_method(overrides, setting, method):
+    """A setting the chosen method does not read, or a combination it cannot run, fails before Ray starts."""
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    with pytest.raises(ValueError) as err:
+        check_config(compose_cfg(*overrides))
+    msg = str(err.value)
+    assert setting in msg and f"method {method}" in msg, msg
+
+
+def test_every_method_resolves_from_its_own_overrides():
+    """The registry's overrides of each method compose and resolve back to that method (and nothing else)."""
+    from recipe.mrtpo import methods
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd", "rlsd"}
+    for name in methods.names():
+        assert check_config(compose_cfg(*methods.get(name).overrides)).name == name
+    # the resource presets of the run scripts are accepted by every method (they change no number)
+    assert check_config(compose_cfg("algorithm.adv_estimator=grpo", "mrtpo.replay_micro_batch_size=4")).name == "grpo"
 
 
 @pytest.mark.parametrize(
@@ -195,3 +248,63 @@ def test_opsd_settings_are_refused_before_ray():
                      ("distillation.enabled=True", "distillation.enabled=False")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(*base, bad))
+
+
+def _readme_knobs() -> dict:
+    """{dotted knob: default text} of the README's knob table (rows ``| `mrtpo.a` / `b` | x / y | ... |``)."""
+    from pathlib import Path
+
+    rows = {}
+    for line in (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines():
+        if not line.startswith("| `mrtpo."):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = [n.strip().strip("`") for n in cells[0].split(" / ")]
+        if not cells[1]:
+            continue  # a further value of the row above (mrtpo.mode's choices)
+        parent = names[0].rsplit(".", 1)[0]
+        defaults = [d.strip().strip("`") for d in cells[1].split(" / ")]
+        assert len(names) == len(defaults), line
+        for n, d in zip(names, defaults):
+            rows[n if n.startswith("mrtpo.") else f"{parent}.{n}"] = d
+    return rows
+
+
+def test_readme_knob_table_is_the_schema():
+    """Every mrtpo.* knob in the README's table with the schema's default, and no other (defaults live in the schema)."""
+    from dataclasses import fields
+
+    from recipe.mrtpo.config import DumpConfig, MRTPOConfig
+
+    def text(v):
+        return "null" if v is None else str(v)
+
+    want = {f"mrtpo.{f.name}": text(f.default) for f in fields(MRTPOConfig) if f.name not in ("_target_", "dump")}
+    want.update({f"mrtpo.dump.{f.name}": text(f.default) for f in fields(DumpConfig) if f.name != "_target_"})
+    assert _readme_knobs() == want
+
+
+def test_the_yaml_writes_no_default():
+    """mrtpo_trainer.yaml's mrtpo group holds its _target_s and comments only; the values come from the schema."""
+    from pathlib import Path
+
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipe/mrtpo/config/mrtpo_trainer.yaml").read_text())
+    assert raw["mrtpo"] == {"_target_": "recipe.mrtpo.config.schema.MRTPOConfig",
+                            "dump": {"_target_": "recipe.mrtpo.config.schema.DumpConfig"}}
+    cfg = compose_cfg()
+    from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
+
+    assert mrtpo_config(cfg.mrtpo) == MRTPOConfig()  # the composed group is the dataclass's defaults
+
+
+def test_package_version_is_pyprojects():
+    from pathlib import Path
+
+    import tomllib
+
+    import recipe.mrtpo
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert recipe.mrtpo.__version__ == meta["project"]["version"]

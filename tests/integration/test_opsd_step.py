@@ -1,7 +1,7 @@
 """The trainer's advantage step with ``mrtpo.mode=opsd``, without Ray or vLLM (a fake TransferQueue, a tiny Qwen2).
 
 ``MRTPOTrainer._compute_advantage`` runs as in the real loop; the worker group's ``compute_opsd_teacher`` is
-the worker's own row function on the tiny model. Checked: the advantage is GDPO's (or verl's GRPO), verl's
+the worker's own row function on the tiny model. Checked: the advantage is GDPO's, verl's
 teacher fields land in TransferQueue in verl's per-sequence layout with P_all's top-k at the response rows,
 and the batch meta carries the loss settings the actor update installs verl's distillation loss from.
 """
@@ -140,11 +140,11 @@ def test_gdpo_opsd_writes_gdpos_advantage_and_p_alls_topk(monkeypatch, tiny):
         ("forward_kl_topk", K, 0.25, True)
 
 
-def test_grpo_opsd_and_the_single_token_estimator(monkeypatch, tiny):
+def test_opsd_with_the_single_token_estimator(monkeypatch, tiny):
     tok, model = tiny
-    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, "algorithm.adv_estimator=grpo", "mrtpo.mode=opsd",
+    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd",
                                                              "mrtpo.opsd_loss_mode=k3")
-    assert calls == [4] and "advantages" in fake.put and "mrtpo/reward/format/mean" in metrics  # verl's own GRPO step
+    assert calls == [4] and "advantages" in fake.put and "mrtpo/reward/format/mean" in metrics
     teacher = p_all(tok)
     for i, lp in enumerate(fake.put["teacher_logprobs"].unbind()):
         n = LENS[i]
@@ -155,13 +155,26 @@ def test_grpo_opsd_and_the_single_token_estimator(monkeypatch, tiny):
     assert metrics["mrtpo/opsd/teacher_logprob_gain"] != 0.0
 
 
+def test_opsd_is_attached_through_its_registry_entry():
+    """The trainer knows no OPSD: the method's entry carries the hook, which reads its step context only."""
+    import inspect
+
+    from recipe.mrtpo import methods, opsd_step, trainer
+
+    assert methods.get("opsd").after_step is not None and methods.get("gdpo").after_step is None
+    assert "opsd" not in inspect.getsource(trainer.MRTPOTrainer._compute_advantage)
+    assert "trainer" not in inspect.getsource(opsd_step.write_opsd_teacher)
+
+
 @pytest.mark.parametrize("override, message", [("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                                                ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "ulysses"),
+                                               ("actor_rollout_ref.actor.strategy=megatron", "strategy=fsdp2"),
                                                ("distillation.enabled=True", "teacher servers")])
 def test_settings_opsd_cannot_run_with_are_refused(override, message):
-    from recipe.mrtpo.opsd_step import check_opsd_settings
+    from recipe.mrtpo.main_mrtpo import check_config
 
+    base = ["algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd"]
     with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
-        check_opsd_settings(compose(config_name="mrtpo_trainer", overrides=["mrtpo.mode=opsd"]))
+        assert check_config(compose(config_name="mrtpo_trainer", overrides=base)).name == "opsd"
         with pytest.raises(ValueError, match=message):
-            check_opsd_settings(compose(config_name="mrtpo_trainer", overrides=["mrtpo.mode=opsd", override]))
+            check_config(compose(config_name="mrtpo_trainer", overrides=[*base, override]))

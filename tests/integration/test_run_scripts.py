@@ -42,6 +42,7 @@ ALGO_EXPECT = {
     "cort": ("mrtpo", "cort", False),
     "shuffle": ("mrtpo", "mrtpo", True),
     "opsd": ("gdpo", "opsd", False),
+    "rlsd": ("gdpo", "rlsd", False),
 }
 # script -> ALGO of its dry run (None: ALGO unset, the default mrtpo). Every ALGO value occurs.
 DRY_RUNS = {
@@ -53,7 +54,7 @@ DRY_RUNS = {
     "qwen3b_toolcall": "mrtpo",
     "qwen7b_ifbench": "gdpo",
     "qwen7b_text2sql": "opsd",
-    "qwen7b_toolcall": "mrtpo",
+    "qwen7b_toolcall": "rlsd",
 }
 # scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
 CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
@@ -191,6 +192,32 @@ def test_dry_run_config(dry_runs, name):
 
 def test_every_algo_is_dry_run():
     assert {a or "mrtpo" for a in DRY_RUNS.values()} == set(ALGO_EXPECT)
+
+
+def test_algo_list_is_the_methods_registry():
+    """ALGO's values and overrides are the registry's (recipe/mrtpo/methods.py), read through its command line."""
+    from recipe.mrtpo import methods
+
+    assert set(ALGO_EXPECT) == set(methods.names())
+    res = subprocess.run(["bash", "-c", f'source "{SCRIPTS}/common.sh"; echo "$MRTPO_ALGOS"; _mrtpo_algo cort; printf "%s\\n" "${{ALGO_ARGS[@]}}"'],
+                         capture_output=True, text=True, timeout=30)
+    lines = res.stdout.splitlines()
+    assert res.returncode == 0 and lines[0].split() == methods.names(), res.stderr
+    assert lines[1:] == list(methods.get("cort").overrides)
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_rlsd_composes_in_every_script(tmp_path, name):
+    """ALGO=rlsd composes in all nine scripts, and the composed config resolves to RLSD before Ray."""
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    res = _dry_run(name, "rlsd", tmp_path)["res"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = yaml.safe_load(res.stdout)
+    assert (cfg["algorithm"]["adv_estimator"], cfg["mrtpo"]["mode"]) == ("gdpo", "rlsd")
+    assert check_config(OmegaConf.create(cfg)).name == "rlsd"
 
 
 # --------------------------------------------------------------------- launches with a stand-in python

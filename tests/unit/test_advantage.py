@@ -8,15 +8,21 @@ import torch
 from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage, compute_grpo_outcome_advantage
 
 from recipe.mrtpo.core.advantage import (
-    compute_mrtpo_advantage,
     compute_mrtpo_advantage_with_stats,
     group_has_variance,
     group_normalized_scores,
     relevance_weights,
     response_level_weights,
+    rlsd_lambda,
+    rlsd_reweight,
     shuffle_within_mask,
     smoothstep_beta,
 )
+
+
+def mrtpo_adv(*args, **kwargs):
+    """The core advantage alone (the statistics left out)."""
+    return compute_mrtpo_advantage_with_stats(*args, **kwargs)[0]
 
 
 def make_batch(n_groups=4, n=4, K=3, T=12, seed=0, binary=True):
@@ -54,33 +60,33 @@ def verl_gdpo(scores, index, mask, weights=None):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beta_zero_is_verl_gdpo(seed, binary):
     scores, index, mask, q = make_batch(seed=seed, binary=binary)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
+    ours = mrtpo_adv(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
     assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
     # no replay at all (relevance None) is GDPO too, and so are fixed reward weights
-    assert torch.allclose(compute_mrtpo_advantage(scores, index, mask, None, beta=0.5, max_realloc_rms=1.0), verl_gdpo(scores, index, mask), atol=1e-5)
+    assert torch.allclose(mrtpo_adv(scores, index, mask, None, beta=0.5, max_realloc_rms=1.0), verl_gdpo(scores, index, mask), atol=1e-5)
     w = [1.0, 0.5, 2.0]
     assert torch.allclose(
-        compute_mrtpo_advantage(scores, index, mask, None, beta=0.0, reward_weights=w, max_realloc_rms=1.0), verl_gdpo(scores, index, mask, w), atol=1e-5
+        mrtpo_adv(scores, index, mask, None, beta=0.0, reward_weights=w, max_realloc_rms=1.0), verl_gdpo(scores, index, mask, w), atol=1e-5
     )
 
 
 def test_uniform_relevance_is_gdpo():
     scores, index, mask, q = make_batch(seed=5)
     uniform = torch.full_like(q, 0.37) * mask[:, None]
-    ours = compute_mrtpo_advantage(scores, index, mask, uniform, beta=0.8, max_realloc_rms=1.0)
+    ours = mrtpo_adv(scores, index, mask, uniform, beta=0.8, max_realloc_rms=1.0)
     assert torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-5)
 
 
 def test_nonuniform_relevance_moves_advantage():
     scores, index, mask, q = make_batch(seed=6)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
+    ours = mrtpo_adv(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
     assert not torch.allclose(ours, verl_gdpo(scores, index, mask), atol=1e-3)
     assert torch.isfinite(ours).all() and (ours[mask == 0] == 0).all()
 
 
 def test_k1_beta0_is_grpo_up_to_whitening():
     scores, index, mask, q = make_batch(K=1, seed=3, binary=False)
-    ours = compute_mrtpo_advantage(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
+    ours = mrtpo_adv(scores, index, mask, q, beta=0.0, max_realloc_rms=1.0)
     B, T = mask.shape
     tlr = torch.zeros(B, T)
     tlr[torch.arange(B), mask.sum(1).long() - 1] = scores[:, 0]
@@ -157,7 +163,7 @@ def test_absent_rewards_contribute_nothing_and_never_leak_nan():
     index = np.array(["a", "a", "b", "b"], dtype=object)
     mask = torch.ones(4, 5)
     q = torch.rand(4, 3, 5)
-    adv = compute_mrtpo_advantage(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
+    adv = mrtpo_adv(scores, index, mask, q, beta=0.5, max_realloc_rms=1.0)
     assert torch.isfinite(adv).all()
     A = group_normalized_scores(scores, index)
     assert A[0, 2] == 0 and A[2, 0] == 0
@@ -185,8 +191,8 @@ def test_shuffle_permutes_within_valid_positions_only():
     # deterministic for a seeded generator
     assert torch.equal(s, shuffle_within_mask(q, mask, torch.Generator().manual_seed(1)))
     scores, index, mask2, q2 = make_batch(seed=8)
-    a = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, shuffle=True, generator=torch.Generator().manual_seed(2), max_realloc_rms=1.0)
-    b = compute_mrtpo_advantage(scores, index, mask2, q2, 0.5, max_realloc_rms=1.0)
+    a = mrtpo_adv(scores, index, mask2, q2, 0.5, shuffle=True, generator=torch.Generator().manual_seed(2), max_realloc_rms=1.0)
+    b = mrtpo_adv(scores, index, mask2, q2, 0.5, max_realloc_rms=1.0)
     assert not torch.allclose(a, b) and torch.isfinite(a).all()
     del g
 
@@ -220,8 +226,8 @@ def test_response_level_weights():
     assert response_level_weights(ragged, index, "dvao").tolist() == [1.0, 0.0]
     # composes: SAW-weighted MRTPO differs from plain and stays finite
     s2, idx2, m2, q2 = make_batch(seed=9, binary=False)
-    a = compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, reward_weighting="saw", max_realloc_rms=1.0)
-    assert torch.isfinite(a).all() and not torch.allclose(a, compute_mrtpo_advantage(s2, idx2, m2, q2, 0.5, max_realloc_rms=1.0))
+    a = mrtpo_adv(s2, idx2, m2, q2, 0.5, reward_weighting="saw", max_realloc_rms=1.0)
+    assert torch.isfinite(a).all() and not torch.allclose(a, mrtpo_adv(s2, idx2, m2, q2, 0.5, max_realloc_rms=1.0))
     with pytest.raises(ValueError):
         response_level_weights(scores, index, "bogus")
 
@@ -271,8 +277,66 @@ def test_reward_table_from_extras_gives_verl_gdpo():
     extras = [{SCORES_KEY: json.dumps({n: float(s[j]) for j, n in enumerate(names)})} for s in scores]
     table = read_reward_table(extras, index)
     assert table.names == names and torch.equal(table.scores, scores.float())
-    adv = compute_mrtpo_advantage(table.scores, index, mask, q, 0.0, max_realloc_rms=1.0)
+    adv = mrtpo_adv(table.scores, index, mask, q, 0.0, max_realloc_rms=1.0)
     assert torch.allclose(adv, verl_gdpo(scores, index, mask), atol=1e-5)
-    adv2 = compute_mrtpo_advantage(table.scores, index, mask, q, 0.5, max_realloc_rms=1.0)
+    adv2 = mrtpo_adv(table.scores, index, mask, q, 0.5, max_realloc_rms=1.0)
     assert not torch.allclose(adv2, adv, atol=1e-4)
     assert "mrtpo" not in ADV_ESTIMATOR_REGISTRY
+
+
+def test_pairs_uniform_leaves_rows_without_valid_tokens_out():
+    """A row with a non-zero advantage but no valid token has no weights: neither a uniform nor a weighted pair."""
+    scores = torch.tensor([[1.0], [0.0], [1.0], [0.0]])
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    mask = torch.ones(4, 6)
+    mask[3] = 0  # e.g. one of verl's one-token padding rows: response_mask 0
+    q = torch.zeros(4, 1, 6)
+    q[0, 0, 2] = 1.0  # row 0 weighted; rows 1 and 2 uniform (qbar 0)
+    _, stats = compute_mrtpo_advantage_with_stats(scores, index, mask, q, beta=0.5, max_realloc_rms=None)
+    assert stats.weighted_pairs == 1 and stats.uniform_pairs == 2
+
+
+def _ms_swift_rlsd(base, mask, teacher, student, lam, clip_range, negative_only=False):
+    """ms-swift's apply_rlsd_reweight (PR 9758), as its docstring states it: one advantage per sequence."""
+    base_bt = base.unsqueeze(1).expand_as(mask)
+    delta = (teacher - student) * mask
+    w = torch.exp(torch.sign(base_bt) * delta) * mask
+    reweight = (1.0 - lam) + lam * torch.clamp(w, 1.0 - clip_range, 1.0 + clip_range)
+    if negative_only:
+        neg = (base < 0).float().unsqueeze(1)
+        reweight = neg * reweight + (1.0 - neg)
+    return base_bt * reweight * mask
+
+
+@pytest.mark.parametrize("lam, clip, neg", [(1.0, 0.2, False), (0.5, 0.2, False), (0.5, 0.05, True), (0.0, 0.2, False)])
+def test_rlsd_reweight_is_ms_swifts(lam, clip, neg):
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 9
+    base = torch.randn(B, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.2).float()
+    teacher, student = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    adv = base.unsqueeze(1) * mask
+    out, r = rlsd_reweight(adv, mask, teacher, student, lam, clip, neg)
+    assert torch.allclose(out, _ms_swift_rlsd(base, mask, teacher, student, lam, clip, neg), atol=1e-6)
+    assert (torch.sign(out) == torch.sign(adv)).all()  # r > 0: the reward's direction is never flipped
+    assert float((r - 1).abs().max()) <= lam * clip + 1e-6
+    if lam == 0.0:
+        assert torch.equal(out, adv)
+
+
+def test_rlsd_without_a_privileged_gap_is_the_advantage():
+    """delta = 0 (P_all is the rollout prompt): r = 1 on every token, whatever lambda."""
+    adv = torch.tensor([[0.5, 0.5, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    lp = torch.randn(2, 3)
+    out, r = rlsd_reweight(adv, mask, lp, lp, 1.0, 0.2)
+    assert torch.equal(out, adv * mask) and torch.equal(r, torch.ones(2, 3))
+
+
+def test_rlsd_lambda_schedule_is_ms_swifts():
+    assert [rlsd_lambda(s, 0.5) for s in (0, 7)] == [0.5, 0.5]
+    assert [rlsd_lambda(s, 0.5, warmup_steps=4) for s in (0, 2, 4, 9)] == [0.0, 0.25, 0.5, 0.5]
+    assert [rlsd_lambda(s, 0.5, warmup_steps=2, decay_steps=4) for s in (1, 2, 4, 6, 10)] == [0.25, 0.5, 0.25, 0.0, 0.0]
+    assert [rlsd_lambda(s, 0.5, decay_steps=2) for s in (0, 1, 2)] == [0.5, 0.25, 0.0]
+    with pytest.raises(ValueError):
+        rlsd_reweight(torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), 1.5, 0.2)

@@ -1,5 +1,10 @@
 """The recipe's config: ``mrtpo_trainer.yaml`` (verl's ppo_trainer + the ``mrtpo`` group) and its typed schema."""
 
-from recipe.mrtpo.config.schema import MEASURES, MODES, RECIPE_ESTIMATORS, REWARD_WEIGHTINGS, DumpConfig, MRTPOConfig, mrtpo_config
+from hydra.core.config_store import ConfigStore
 
-__all__ = ["MEASURES", "MODES", "RECIPE_ESTIMATORS", "REWARD_WEIGHTINGS", "DumpConfig", "MRTPOConfig", "mrtpo_config"]
+from recipe.mrtpo.config.schema import MEASURES, MODES, REWARD_WEIGHTINGS, DumpConfig, MRTPOConfig, mrtpo_config
+
+# the mrtpo group's keys and defaults for Hydra: mrtpo_trainer.yaml's defaults list composes this node at `mrtpo`
+ConfigStore.instance().store(name="mrtpo_schema", node=MRTPOConfig)
+
+__all__ = ["MEASURES", "MODES", "REWARD_WEIGHTINGS", "DumpConfig", "MRTPOConfig", "mrtpo_config"]

@@ -8,19 +8,21 @@ attributes; nothing else writes a default. The maths behind each knob is in ``do
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.base_config import BaseConfig
 
-MEASURES = ("js_distance", "js_divergence")
-MODES = ("mrtpo", "cort", "opsd")
+from recipe.mrtpo.core.advantage import REWARD_WEIGHTINGS  # noqa: F401  (re-exported: the choices live with the maths)
+from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
+from recipe.mrtpo.methods import modes
+
+MODES = modes()  # mrtpo.mode's values: those of the methods registry
 #: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
 #: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
 OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
-REWARD_WEIGHTINGS = ("none", "saw", "dvao")
-RECIPE_ESTIMATORS = ("mrtpo", "gdpo")  # advantage estimators whose step the recipe computes
 
 
 @dataclass
@@ -46,12 +48,14 @@ class MRTPOConfig(BaseConfig):
     warmup_steps: int = 10  # beta_s = beta * smoothstep(s / warmup_steps) (§1.4); 0 = no warm-up
     max_realloc_rms: Optional[float] = 1.0  # rho of the second-moment constraint (§1.5); None disables
     measure: str = "js_distance"  # js_distance | js_divergence (§1.2)
-    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd (§6, docs/opsd.md)
+    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd (§6, docs/opsd.md) | rlsd (§1.8)
     replay: bool = True  # False: no replay, mrtpo == gdpo (timing baselines)
     shuffle: bool = False  # the control ablation: q permuted over each response's valid tokens (§1.7)
     seed: int = 0  # seed of the shuffle (combined with the step)
     reward_weighting: str = "none"  # none | saw | dvao: per-batch lambda_k (§1.6)
-    reward_weights: Optional[dict[str, float]] = None  # fixed lambda_k by reward name; unnamed rewards 1
+    # fixed lambda_k by reward name ({name: float}); unnamed rewards 1. Typed Any for Hydra: OmegaConf cannot merge a
+    # command-line dict into a node typed Optional[dict] whose default is None; __post_init__ checks the mapping.
+    reward_weights: Any = None
     replay_micro_batch_size: int = 8  # prompt variants per replay forward
     chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
@@ -59,6 +63,11 @@ class MRTPOConfig(BaseConfig):
     opsd_topk: int = 32  # OPSD: teacher log-probs kept per response token (verl's distillation topk default)
     opsd_loss_mode: str = "forward_kl_topk"  # OPSD: verl distillation loss (OPSD_LOSS_MODES)
     opsd_loss_coef: float = 1.0  # OPSD: policy loss of the advantage + coef * distillation loss
+    rlsd_lambda: float = 0.5  # RLSD: mixing weight, 0 = GDPO, 1 = the full reweight (ms-swift's default)
+    rlsd_reweight_clip_range: float = 0.2  # RLSD: eps_w, the evidence weight is clipped to [1 - eps_w, 1 + eps_w]
+    rlsd_lambda_warmup_steps: int = 0  # RLSD: lambda ramps linearly from 0 over these steps
+    rlsd_lambda_decay_steps: int = 0  # RLSD: after the warm-up, lambda decays linearly to 0 over these steps
+    rlsd_negative_only: bool = False  # RLSD: reweight only responses with a negative advantage
     dump: DumpConfig = field(default_factory=DumpConfig)
 
     def __post_init__(self) -> None:
@@ -82,7 +91,16 @@ class MRTPOConfig(BaseConfig):
         _choice("opsd_loss_mode", self.opsd_loss_mode, OPSD_LOSS_MODES)
         if not float(self.opsd_loss_coef) >= 0.0:
             raise ValueError(f"mrtpo.opsd_loss_coef must be >= 0, got {self.opsd_loss_coef}")
+        if not 0.0 <= float(self.rlsd_lambda) <= 1.0:
+            raise ValueError(f"mrtpo.rlsd_lambda must be in [0, 1], got {self.rlsd_lambda}")
+        if not float(self.rlsd_reweight_clip_range) >= 0.0:
+            raise ValueError(f"mrtpo.rlsd_reweight_clip_range must be >= 0, got {self.rlsd_reweight_clip_range}")
+        if self.rlsd_lambda_warmup_steps < 0 or self.rlsd_lambda_decay_steps < 0:
+            raise ValueError("mrtpo.rlsd_lambda_warmup_steps and rlsd_lambda_decay_steps must be >= 0, got "
+                             f"{self.rlsd_lambda_warmup_steps} and {self.rlsd_lambda_decay_steps}")
         if self.reward_weights is not None:
+            if not isinstance(self.reward_weights, Mapping):
+                raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {self.reward_weights!r}")
             bad = {k: v for k, v in dict(self.reward_weights).items() if not isinstance(v, (int, float))}
             if bad:
                 raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {bad}")
@@ -90,12 +108,6 @@ class MRTPOConfig(BaseConfig):
     def reward_weight(self, name: str) -> float:
         """Fixed lambda_k of reward ``name`` (1 unless named in ``reward_weights``)."""
         return float((self.reward_weights or {}).get(name, 1.0))
-
-    @property
-    def measure_for_replay(self) -> str:
-        """The replay's measure: CoRT's log-likelihood contrast in ``cort`` mode, else ``measure``."""
-        return "logprob_contrast" if self.mode == "cort" else self.measure
-
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:

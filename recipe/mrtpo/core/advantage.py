@@ -245,6 +245,7 @@ class AdvantageStats:
     weight_min: float = 1.0
     uniform_pairs: int = 0  # weighted pairs (A != 0) that fell back to uniform weights (qbar < floor)
     weighted_pairs: int = 0  # pairs (A != 0) whose weights were not uniform
+    extra: dict = field(default_factory=dict)  # a method's own diagnostics (``mrtpo/...`` metric -> value)
 
 
 def compute_mrtpo_advantage_with_stats(
@@ -262,10 +263,26 @@ def compute_mrtpo_advantage_with_stats(
     whiten: bool = True,
     valid: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, AdvantageStats]:
-    """:func:`compute_mrtpo_advantage` plus an :class:`AdvantageStats` of what happened.
+    """MRTPO token advantages [B, T] (§1.1, 1.3, 1.5, 1.6; the module docstring) and an :class:`AdvantageStats`.
 
-    ``valid`` ([B] bool, default all): rows left out of the response-level weighting's statistics
-    (:func:`response_level_weights`; verl's padding rows).
+    Args:
+        scores: [B, K] per-reward scores, NaN where reward k is absent for sample i (ragged rewards).
+        index: [B] group ids (verl's ``uid``).
+        response_mask: [B, T] valid response tokens.
+        relevance: [B, K, T] replay measure q (0 where not replayed), or None: no replay, i.e. GDPO.
+        beta: the (already warmed-up) reallocation strength beta_s in [0, 1].
+        max_realloc_rms: rho of the second-moment constraint; None disables it.
+        reward_weights: fixed lambda_k (default 1), multiplied with the response-level weighting.
+        epsilon: the group std epsilon (verl's default 1e-6).
+        shuffle: the ablation: permute q over each sample's valid positions before weighting.
+        generator: torch.Generator for the shuffle.
+        reward_weighting: ``none`` | ``saw`` | ``dvao`` response-level weights (composes with the above).
+        whiten: batch-whiten the result (verl's masked_whiten); False returns sum_k lambda_k A_k w_k.
+        valid: [B] bool (default all): rows left out of the response-level weighting's statistics
+            (:func:`response_level_weights`; verl's padding rows).
+
+    Returns:
+        [B, T] advantages (batch-whitened over valid tokens unless ``whiten=False``, 0 on padding) and the stats.
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, K], got {tuple(scores.shape)}")
@@ -296,7 +313,7 @@ def compute_mrtpo_advantage_with_stats(
         a = (lam[k] * adv_k[:, k]).unsqueeze(-1)  # [B, 1]
         if use_q:
             w = relevance_weights(q[:, k], mask, beta, max_realloc_rms)
-            active = adv_k[:, k] != 0
+            active = (adv_k[:, k] != 0) & (mask.sum(-1) > 0)  # a row without valid tokens has no weights to count
             if active.any():
                 wa = w[active]
                 ma = mask[active] > 0
@@ -314,39 +331,59 @@ def compute_mrtpo_advantage_with_stats(
     return masked_whiten(token_adv, mask) * mask, stats
 
 
-def compute_mrtpo_advantage(
-    scores: torch.Tensor,
-    index,
-    response_mask: torch.Tensor,
-    relevance: Optional[torch.Tensor],
-    beta: float,
-    max_realloc_rms: Optional[float],
-    reward_weights: Optional[Sequence[float]] = None,
-    epsilon: float = 1e-6,
-    shuffle: bool = False,
-    generator: Optional[torch.Generator] = None,
-    reward_weighting: str = "none",
-) -> torch.Tensor:
-    """MRTPO token advantages [B, T] (docs/design.md §1.1, 1.3, 1.5, 1.6); see the module docstring.
+# ----------------------------------------------------------------------------------------------
+# RLSD: token weights from the policy's own privileged-context log-probs (docs/design.md §1.8)
+# ----------------------------------------------------------------------------------------------
+def rlsd_lambda(step: int, lam: float, warmup_steps: int = 0, decay_steps: int = 0) -> float:
+    """lambda_s of RLSD at ``step`` completed steps (ms-swift's schedule):
 
-    Args:
-        scores: [B, K] per-reward scores, NaN where reward k is absent for sample i (ragged rewards).
-        index: [B] group ids (verl's ``uid``).
-        response_mask: [B, T] valid response tokens.
-        relevance: [B, K, T] replay measure q (0 where not replayed), or None: no replay, i.e. GDPO.
-        beta: the (already warmed-up) reallocation strength beta_s in [0, 1].
-        reward_weights: fixed lambda_k (default 1), multiplied with the response-level weighting.
-        max_realloc_rms: rho of the second-moment constraint; None disables it.
-        epsilon: the group std epsilon (verl's default 1e-6).
-        shuffle: the ablation: permute q over each sample's valid positions before weighting.
-        generator: torch.Generator for the shuffle.
-        reward_weighting: ``none`` | ``saw`` | ``dvao`` response-level weights (composes with the above).
-
-    Returns:
-        [B, T] advantages, batch-whitened over valid tokens, 0 on padding.
+        lambda * s / warmup                      for s < warmup  (warmup > 0)
+        lambda * max(1 - (s - warmup) / decay, 0)  for s >= warmup (decay > 0)
+        lambda                                   otherwise
     """
-    adv, _ = compute_mrtpo_advantage_with_stats(
-        scores, index, response_mask, relevance, beta, max_realloc_rms, reward_weights, epsilon, shuffle,
-        generator, reward_weighting,
-    )
-    return adv
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return float(lam) * step / warmup_steps
+    if decay_steps > 0 and step >= warmup_steps:
+        return float(lam) * max(1.0 - (step - warmup_steps) / decay_steps, 0.0)
+    return float(lam)
+
+
+def rlsd_reweight(
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    student_logprobs: torch.Tensor,
+    lam: float,
+    clip_range: float,
+    negative_only: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLSD's token-level reweighting of an advantage (arXiv 2604.03128; ms-swift ``--advantage_reweight rlsd``).
+
+        delta_t = log p(y_t | P_all) - log p(y_t | rollout prompt)          (no gradient)
+        w_t     = exp(sign(A_t) * delta_t)
+        r_t     = (1 - lambda) + lambda * clip(w_t, 1 - eps, 1 + eps)      eps = ``clip_range``
+        A'_t    = A_t * r_t                                                  (r_t > 0: never flips A's sign)
+
+    ``negative_only``: rows whose advantage is negative are reweighted, the others keep r = 1. A position
+    with delta = 0 (P_all is the rollout prompt, or no P_all log-probs: pass equal tensors) keeps r = 1.
+
+    Shapes: ``advantages``, ``response_mask``, ``teacher_logprobs``, ``student_logprobs`` [B, T] (the
+    advantage may vary over t; ms-swift's is one value per sequence, broadcast). Returns (A' [B, T] masked,
+    r [B, T] with 1 at masked positions).
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must be in [0, 1], got {lam}")
+    if clip_range < 0:
+        raise ValueError(f"clip_range must be >= 0, got {clip_range}")
+    m = response_mask.to(torch.float32)
+    adv = advantages.to(torch.float32)
+    delta = (teacher_logprobs.detach().float() - student_logprobs.detach().float()) * m
+    w = torch.exp(torch.sign(adv) * delta)
+    r = (1.0 - lam) + lam * w.clamp(min=1.0 - clip_range, max=1.0 + clip_range)
+    if negative_only:
+        neg = ((adv * m).sum(-1, keepdim=True) < 0).float()  # the row's direction (one value per sequence in GDPO)
+        r = neg * r + (1.0 - neg)
+    r = torch.where(m > 0, r, torch.ones_like(r))
+    return adv * r * m, r

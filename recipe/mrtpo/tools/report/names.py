@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-#: Row order of the paper's table; other methods follow alphabetically.
-METHOD_ORDER = ("base", "grpo", "gdpo", "cort", "opsd", "shuffle", "mrtpo")
+from recipe.mrtpo.methods import names as method_names
+
+#: Row order of the paper's table: the base model, the baselines, the control, the method (the registry's methods,
+#: recipe/mrtpo/methods.py, in this order where named here; any other registered one before the control); other
+#: run names follow alphabetically.
+_LAST = ("shuffle", "mrtpo")
+METHOD_ORDER = ("base", *(m for m in method_names() if m not in _LAST), *_LAST)
 
 #: Column order and display names of the evaluated tasks; others follow alphabetically.
 TASK_ORDER = ("ifbench", "ifeval", "instruction_following", "spider", "bird", "chinook", "text_to_sql",

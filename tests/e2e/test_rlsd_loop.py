@@ -1,0 +1,51 @@
+"""End-to-end: RLSD (``ALGO=rlsd``: ``adv_estimator=gdpo``, ``mrtpo.mode=rlsd``) through verl 0.9.1's real v1 loop on CPU.
+
+Two steps on the Chinook text-to-SQL prompts, whose gold SQL and execution feedback are appended contexts, so
+every P_all differs from the rollout prompt. The method is resolved from the registry in the driver and again
+in Ray's task runner; with lambda_s = 0.5 from step 1 the replay plans P_all for every response of a group with
+reward variance, the advantage is GDPO's reweighted by the P_all / rollout-prompt log-prob gap, and verl's
+update trains on it. A random tiny model almost never writes a ```sql block, so its groups usually have no
+reward variance: then no row is replayed and RLSD is GDPO exactly (its advantage the GDPO one, the weights 1).
+The reweight against the worker's own P_all pass is pinned in tests/integration/test_advantage_step.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipe.mrtpo.cpu.launcher import run_cpu, tiny_run_overrides
+from recipe.mrtpo.methods import get
+
+TIMEOUT_S = 600
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_rlsd_two_steps_on_text2sql(tiny_qwen2_dir, chinook_train_parquet, tmp_path):
+    rlsd = get("rlsd")
+    # ~830-token sequences x V = 151,936: micro-batches of 2 sequences (as the OPSD text-to-SQL e2e test)
+    extra = [*rlsd.overrides[1:], "trainer.save_freq=-1", "data.max_prompt_length=1024",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+             "mrtpo.replay_micro_batch_size=4"]
+    res = run_cpu("recipe.mrtpo.main_mrtpo",
+                  [*tiny_run_overrides(tiny_qwen2_dir, chinook_train_parquet, tmp_path, rlsd.estimator, 2, lr=1.0), *extra],
+                  tmp_path / "run", TIMEOUT_S)
+    assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
+    assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"
+    assert sorted(res.steps) == [1, 2], f"steps logged {sorted(res.steps)}:\n{res.tail()}"
+    for step, s in sorted(res.steps.items()):
+        assert s["mrtpo/rlsd/lambda"] == 0.5 and "mrtpo/replay_skipped" not in s  # lambda_s > 0: the pass is planned
+        for key in ("mrtpo/reward/format/mean", "mrtpo/reward/execution_match/mean", "actor/pg_loss", "mrtpo/adv_abs_mean"):
+            assert key in s and math.isfinite(s[key]), f"{key} not logged: {sorted(s)}"
+        # every replayed row is privileged (the gold SQL block), and only rows of varying groups are replayed
+        rows = s["mrtpo/rlsd/rows_privileged"]
+        assert rows <= 16 and (rows > 0) == (s["mrtpo/pairs_replayed"] > 0)
+        assert 1 - 0.5 * 0.2 - 1e-6 <= s["mrtpo/rlsd/weight_min"] <= s["mrtpo/rlsd/weight_max"] <= 1 + 0.5 * 0.2 + 1e-6
+        if rows == 0:  # nothing to reweight: GDPO's advantage, unchanged
+            assert s["mrtpo/rlsd/weight_min"] == s["mrtpo/rlsd/weight_max"] == 1.0
+        print(f"\n[e2e rlsd text2sql] step {step}: rows with P_all {rows:.0f}, pairs replayed {s['mrtpo/pairs_replayed']:.0f}, "
+              f"skipped (no variance) {s['mrtpo/pairs_skipped_no_variance']:.0f}, weights {s['mrtpo/rlsd/weight_min']:.3f}.."
+              f"{s['mrtpo/rlsd/weight_max']:.3f}, format {s['mrtpo/reward/format/mean']:.2f}")
+    print(f"\n[e2e rlsd text2sql] wall {res.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB")
