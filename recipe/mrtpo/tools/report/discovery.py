@@ -40,21 +40,28 @@ from typing import Optional
 from recipe.mrtpo.tools.report.names import METHOD_ORDER, TASK_ORDER, UNKNOWN
 from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger
 
-RUN_NAME = re.compile(
-    r"^(?P<model>.+?)_(?P<task>" + "|".join(sorted(TASK_ORDER, key=len, reverse=True)) + r"|[^_]+)"
-    r"_(?P<method>[^_]+)_seed(?P<seed>\d+)$"
-)
+_TASKS = "|".join(re.escape(t) for t in sorted(TASK_ORDER, key=len, reverse=True))
+RUN_NAME = re.compile(r"^(?P<model>.+?)_(?P<task>" + _TASKS + r"|[^_]+)_(?P<method>[^_]+)_seed(?P<seed>\d+)$")
+#: the run scripts' name before seeds were added to it: the method must then be a known one
+RUN_NAME_NO_SEED = re.compile(r"^(?P<model>.+?)_(?P<task>" + _TASKS + r"|[^_]+)_(?P<method>"
+                              + "|".join(re.escape(m) for m in METHOD_ORDER) + r")$", re.IGNORECASE)
 _SEED_DIR = re.compile(r"^seed[_-]?(\d+)$")
 _SKIP_DIRS = re.compile(r"^(checkpoints|global_step_\d+|__pycache__|\.git|node_modules|\..*)$")
 LOG_SUFFIXES = (".log", ".out", ".txt")
 
 
 def parse_run_name(name: str) -> dict:
-    """``<model>_<task>_<method>_seed<k>`` -> ``{"model", "task", "method", "seed"}``; ``{}`` otherwise."""
+    """``<model>_<task>_<method>_seed<k>`` (any method) or ``<model>_<task>_<method>`` (a known method, no
+    seed) -> ``{"model", "task", "method"[, "seed"]}``; ``{}`` otherwise. These are the run scripts'
+    ``trainer.experiment_name`` (``qwen2.5-7b-instruct_ifbench_mrtpo_seed0``) and so verl's file-logger
+    file name and the checkpoint folder."""
     m = RUN_NAME.match(name)
-    if not m:
-        return {}
-    return {"model": m["model"], "task": m["task"], "method": m["method"], "seed": int(m["seed"])}
+    if m:
+        return {"model": m["model"], "task": m["task"], "method": m["method"], "seed": int(m["seed"])}
+    m = RUN_NAME_NO_SEED.match(name)
+    if m:
+        return {"model": m["model"], "task": m["task"], "method": m["method"]}
+    return {}
 
 
 def _norm_seed(seed):
