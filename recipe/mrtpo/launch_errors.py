@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DEBUG_FLAG", "DEBUG_ENV", "check_local_paths", "one_line", "is_launch_error", "launch_errors_in_one_line",
+__all__ = ["DEBUG_FLAG", "DEBUG_ENV", "looks_local", "check_local_paths", "one_line", "is_launch_error", "launch_errors_in_one_line",
            "run_hydra_main"]
 
 DEBUG_FLAG = "--debug"
@@ -40,7 +40,7 @@ _HINT = f"[traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1]"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def _looks_local(value: str) -> bool:
+def looks_local(value: str) -> bool:
     """A model path meant as a local folder: absolute, ``./``, ``../`` or ``~``, or anything that is not a
     hub id (``org/name``)."""
     return value.startswith(("/", "./", "../", "~")) or not _HUB_ID.match(value) and "/" in value
@@ -54,7 +54,7 @@ def check_local_paths(config) -> None:
     (``hdfs://`` and other URLs are left to verl). Without this, verl fails inside the Ray job with a
     traceback of some hundred lines, after the cluster has started."""
     model = str(config.actor_rollout_ref.model.path)
-    if _looks_local(model) and not Path(model).expanduser().exists():
+    if looks_local(model) and not Path(model).expanduser().exists():
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model}: no such folder (a local model folder, "
                                 f"e.g. one written by `python -m recipe.mrtpo.tools.export`, or a hub id such as "
                                 f"Qwen/Qwen2.5-7B-Instruct)")

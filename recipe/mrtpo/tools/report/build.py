@@ -74,8 +74,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
     warnings: list[str] = []
     runs, evals = discover(root, out_dir, warnings)
     if not runs and not evals:
-        raise FileNotFoundError(f"no training logs (step:N lines / file-logger JSON lines) or eval JSONs "
-                                f"under {root}")
+        raise FileNotFoundError("\n".join([f"no training logs (verl console step lines, file-logger JSON lines, "
+                                            f"wandb runs) or eval JSONs under {root}", *warnings]))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
@@ -101,9 +101,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
         reach = {rw: {m: res for m, res in by_m.items() if res["n_runs"]} for rw, by_m in reach.items()}
         title = f"{model} · {task}"
         name = f"{_slug(model)}__{_slug(task)}.png"
-        plot_curves(curves, title, threshold, out_dir / f"curves__{name}")
-        plot_threshold(reach, title, threshold, out_dir / f"threshold__{name}")
-        written += [f"curves__{name}", f"threshold__{name}"]
+        for plot, data, prefix in ((plot_curves, curves, "curves"), (plot_threshold, reach, "threshold")):
+            written += [p.name for p in plot(data, title, threshold, out_dir / f"{prefix}__{name}")]
         curves_out.setdefault(model, {})[task] = curves
         thresholds_out.setdefault(model, {})[task] = reach
 
