@@ -134,16 +134,25 @@ def _parse_metric(spec: str) -> tuple[str, tuple[str, str]]:
     return task, (label or key, key)
 
 
+_EPILOG = """examples:
+  python -m recipe.mrtpo.tools.report outputs/quickstart/runs           # the CPU quickstart's runs
+  python -m recipe.mrtpo.tools.report runs/ --threshold 0.9 --rewards 'format|correctness'
+  python -m recipe.mrtpo.tools.report runs/ --metric ifeval=inst_level_strict:inst-strict --metric ifeval=prompt_level_strict
+
+RUNS_DIR may hold run-script folders (<model>_<task>_<method>[_seed<k>]/ with a console log and eval/ JSONs),
+verl file-logger files (<project>/<experiment>.jsonl) and wandb run folders (wandb/offline-run-*/)."""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.mrtpo.tools.report", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     parser.add_argument("runs_dir", help="folder with training logs and eval JSONs (searched recursively)")
     parser.add_argument("--out", help="output folder (default RUNS_DIR/report)")
     parser.add_argument("--threshold", type=float, default=0.8,
                         help="reward level for the steps-until-threshold chart (default 0.8)")
     parser.add_argument("--metric", action="append", type=_parse_metric, default=[], metavar="TASK=KEY[:LABEL]",
                         help="table column(s) for an eval task, replacing its default headline metric "
-                             "(repeatable, e.g. --metric ifeval=instruction_strict_acc:inst-strict)")
+                             "(repeatable, e.g. --metric ifeval=inst_level_strict:inst-strict; a nested metric as a/b/c)")
     parser.add_argument("--rewards", metavar="REGEX", help="plot only rewards whose name matches REGEX")
     args = parser.parse_args(argv)
     overrides: dict = {}
