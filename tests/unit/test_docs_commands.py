@@ -72,4 +72,4 @@ def test_doc_command_matches_help(where, line, tool, args):
 
 
 def test_the_check_catches_a_wrong_flag():
-    assert not set(FLAG.findall(" runs/ --out-dir x")) <= set(FLAG.findall(_help("report")))
+    assert not set(FLAG.findall(" runs/ --out x")) <= set(FLAG.findall(_help("report")))

@@ -239,7 +239,7 @@ def test_cli(runs_dir, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
     assert "no training logs" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report.build", str(runs_dir), "--out",
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report.build", str(runs_dir), "--out-dir",
                            str(tmp_path / "rep"), "--threshold", "0.85", "--rewards", "punctuation"],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MPLBACKEND": "Agg"})

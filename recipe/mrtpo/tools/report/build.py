@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m recipe.mrtpo.tools.report RUNS_DIR [--out DIR] [--threshold 0.8]
+    python -m recipe.mrtpo.tools.report RUNS_DIR [--out-dir DIR] [--threshold 0.8]
                                   [--metric TASK=KEY[:LABEL]] [--rewards REGEX]
 
-writes into ``--out`` (default ``RUNS_DIR/report``):
+writes into ``--out-dir`` (default ``RUNS_DIR/report``):
 
 - ``table.md``: one table per model, rows = methods (``base`` if present, then grpo, gdpo, cort,
   shuffle, mrtpo, then any other name), columns = evaluated task x its headline metric(s) (IFBench /
@@ -147,7 +147,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.mrtpo.tools.report", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     parser.add_argument("runs_dir", help="folder with training logs and eval JSONs (searched recursively)")
-    parser.add_argument("--out", help="output folder (default RUNS_DIR/report)")
+    parser.add_argument("--out-dir", help="output folder (default RUNS_DIR/report)")
     parser.add_argument("--threshold", type=float, default=0.8,
                         help="reward level for the steps-until-threshold chart (default 0.8)")
     parser.add_argument("--metric", action="append", type=_parse_metric, default=[], metavar="TASK=KEY[:LABEL]",
@@ -159,7 +159,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for task, col in args.metric:
         overrides.setdefault(task, []).append(col)
     try:
-        summary = build_report(args.runs_dir, args.out, args.threshold, overrides, args.rewards)
+        summary = build_report(args.runs_dir, args.out_dir, args.threshold, overrides, args.rewards)
     except (FileNotFoundError, re.error) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
