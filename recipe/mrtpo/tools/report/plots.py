@@ -122,8 +122,8 @@ def plot_threshold(results: dict, title: str, threshold: float, path: Path) -> l
             reached = [s for s in res["per_run"].values() if s is not None]
             ax.scatter([x] * len(reached), reached, s=9, color="black", zorder=3)
             if res["n_reached"] < res["n_runs"]:
-                ax.text(x, res["mean_step"], f"{res['n_reached']}/{res['n_runs']}", ha="center", va="bottom",
-                        fontsize=7)
+                ax.text(x, max(reached) + top * 0.03, f"{res['n_reached']}/{res['n_runs']}", ha="center",
+                        va="bottom", fontsize=7)  # above the highest dot, not on it
     fig.legend(handles=[Patch(color=_color(m, methods), label=m) for m in methods], fontsize=8,
                loc="outside lower center", ncols=min(len(methods), 6))
     ax.set_xticks(range(len(rewards)))
