@@ -162,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="hard limit on the training run (seconds)")
     ap.add_argument("--eval-items", type=int, default=8, help="IFEval prompts evaluated per model (default 8)")
     args = ap.parse_args(argv)
+    if args.eval_items < 1:
+        ap.error(f"--eval-items must be >= 1, got {args.eval_items}")
     out = args.out.resolve()
     t0 = time.monotonic()
     try:
