@@ -360,3 +360,32 @@ def test_help_examples_run(tmp_path, capsys):
     task, key = examples[0]
     assert main([str(tmp_path), "--metric", f"{task}={key}:col"]) == 0
     assert "| IFEval col |" in capsys.readouterr().out.replace("method | ", "| ")
+
+
+def test_figures_have_integer_steps_legends_outside_and_nothing_cut(monkeypatch, tmp_path):
+    from recipe.mrtpo.tools.report import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or [path])
+    reach = {"format": {"grpo": {"per_run": {"0": 3, "1": 5}, "n_runs": 2, "n_reached": 2, "mean_step": 4.0},
+                        "mrtpo": {"per_run": {"0": 2, "1": None}, "n_runs": 2, "n_reached": 1, "mean_step": 2.0}}}
+    curves = {"format": {m: {"steps": [1, 2, 3], "mean": [0.2, 0.5, 0.9], "std": [None] * 3, "n": [1] * 3}
+                         for m in ("grpo", "mrtpo")}}
+    long_title = "qwen2.5-coder-7b-instruct-with-a-long-name · text_to_sql_and_more"
+    plots.plot_threshold(reach, long_title, 0.8, tmp_path / "t.png")
+    plots.plot_curves(curves, long_title, 0.8, tmp_path / "c.png")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for fig in figures:
+        canvas = FigureCanvasAgg(fig)  # what savefig renders with
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        ax = fig.axes[0]
+        ticks = ax.get_yticks() if fig is figures[0] else ax.get_xticks()
+        assert all(float(t).is_integer() for t in ticks), ticks  # steps are whole numbers
+        legend = fig.legends[0].get_window_extent(renderer)
+        for a in fig.axes:
+            assert not legend.overlaps(a.get_window_extent(renderer)), "legend over the data"
+        title = fig._suptitle.get_window_extent(renderer)
+        width, height = fig.bbox.width, fig.bbox.height
+        assert title.x0 >= 0 and title.x1 <= width and title.y1 <= height, "title or subtitle cut"

@@ -33,10 +33,10 @@ def _figure(width: float, height: float):
 
 
 def _title(fig, title: str, subtitle: str, width_in: float, fontsize: float = 10) -> None:
-    """Title and subtitle above the panels, the subtitle wrapped to the figure's width so that nothing is cut
+    """Title and subtitle above the panels, both wrapped to the figure's width so that nothing is cut
     (constrained layout makes room for the lines a suptitle has)."""
-    chars = max(40, int(width_in * 72 / (0.55 * (fontsize - 1))))  # ~average glyph width of the font
-    fig.suptitle("\n".join([title, *textwrap.wrap(subtitle, chars)]), fontsize=fontsize)
+    chars = max(30, int(0.9 * width_in * 72 / (0.6 * fontsize)))  # DejaVu Sans: ~0.6 em a glyph, 10% margin
+    fig.suptitle("\n".join([*textwrap.wrap(title, chars), *textwrap.wrap(subtitle, chars)]), fontsize=fontsize)
 
 
 def save_figure(fig, path: Path) -> list[Path]:
