@@ -4,9 +4,10 @@ logic, the PNGs, and robustness to corrupt lines (the log parsing itself: ``test
 The real log (``tests/data/report_logs/mrtpo_run.log``) is the tail of a 2-step MRTPO run on CPU, cut to
 its ``step:`` lines and the lines around them; its rewards are IF constraint ids such as
 ``punctuation:no_comma``. ``tests/data/quickstart_runs/`` is the CPU quickstart's own ``runs/`` folder
-(``python -m recipe.mrtpo.cpu.quickstart``): its two eval JSONs as written, its console log cut to the launch
-command line and the step lines. ``tests/data/report_wandb/`` is a wandb offline run written by verl's own
-``Tracking`` logger (``default_backend=["console", "wandb"]``, ``WANDB_MODE=offline``), without wandb's debug logs.
+(``python -m recipe.mrtpo.cpu.quickstart``): its two eval JSONs, its console log cut to the launch command line
+and the step lines (the machine's paths replaced by ``/path/to/repo``). ``tests/data/report_wandb/`` is a wandb
+offline run written by verl's own ``Tracking`` logger (``default_backend=["console", "wandb"]``,
+``WANDB_MODE=offline``, wandb's machine metadata and stats off), without wandb's debug logs.
 """
 
 import json
