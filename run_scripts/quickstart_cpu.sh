@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CPU quickstart: set up (idempotent), then a few MRTPO steps through verl's real loop on a tiny
-# model, printing per-reward scores and replay statistics by step, a relevance heatmap and a reward curve.
-#   bash run_scripts/quickstart_cpu.sh [--steps 3] [--out outputs/quickstart]
+# model, printing per-reward scores and replay statistics by step and a relevance heatmap; then it exports
+# the last checkpoint, evaluates the initial and the trained model on a few IFEval prompts and builds the
+# report (table + figures) from its own runs folder (recipe/mrtpo/cpu/quickstart.py).
+#   bash run_scripts/quickstart_cpu.sh [--steps 3] [--out outputs/quickstart] [--eval-items 8]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

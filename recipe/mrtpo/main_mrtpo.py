@@ -48,8 +48,15 @@ def run(config) -> None:
 
 @hydra.main(config_path="config", config_name="mrtpo_trainer", version_base=None)
 def main(config) -> None:
-    run(config)
+    from recipe.mrtpo.launch_errors import check_local_paths, launch_errors_in_one_line
+
+    with launch_errors_in_one_line():
+        check_config(config)  # first: its errors name the key that was typed (run() repeats it, cheaply)
+        check_local_paths(config)
+        run(config)
 
 
 if __name__ == "__main__":
-    main()
+    from recipe.mrtpo.launch_errors import run_hydra_main
+
+    run_hydra_main(main)  # a refused launch in one line (--debug: the traceback)

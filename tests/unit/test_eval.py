@@ -562,6 +562,36 @@ def test_wrong_data_for_the_task_and_missing_data_are_clear_errors(data, tmp_pat
     assert not (tmp_path / "o.json").exists()
 
 
+def test_missing_or_unloadable_model_is_one_line_and_leaves_no_partial(data, tmp_path, capsys):
+    """``--model /nonexistent`` and a folder that is no model: one line on stderr, exit 2, no OUT, no OUT.partial."""
+    out = tmp_path / "o.json"
+    base = ["--task", "ifeval", "--data", str(data["ifeval"]), "--out", str(out), "--backend", "hf", "--limit", "2"]
+    not_a_model = tmp_path / "ckpt"
+    not_a_model.mkdir()
+    (not_a_model / "model_world_size_1_rank_0.pt").write_bytes(b"x")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # no tokenizer, no weights
+    for model, message in ((tmp_path / "nonexistent", "no such folder"),
+                           (not_a_model, "no config.json, not a Hugging Face model folder"),
+                           (broken, "cannot load --model")):
+        assert E.main([*base, "--model", str(model)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not out.exists() and not out.with_name("o.json.partial").exists()
+
+
+def test_limited_result_records_its_subset(data, hf_generator, tmp_path):
+    out = tmp_path / "r.json"
+    n_rows = len(E.load_items(data["ifeval"], "ifeval"))
+    result = E.run_eval(_args("ifeval", "tiny", data["ifeval"], out, "--limit", "2"),
+                        generator_factory=lambda a, b: hf_generator)
+    assert result["subset"]["items"] == 2 and result["subset"]["of"] == n_rows > 2
+    whole = E.run_eval(_args("ifeval", "tiny", data["ifeval"], out, "--limit", str(n_rows + 5)),
+                       generator_factory=lambda a, b: hf_generator)
+    assert "subset" not in whole  # a limit over the file's length scores all of it
+
+
 def test_moved_sql_database_is_reported_before_generation(data, tmp_path):
     import pandas as pd
 

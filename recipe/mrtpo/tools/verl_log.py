@@ -6,7 +6,10 @@ verl's console logger (``trainer.logger=[console]``) prints one line per step::
 
 each value being the ``pprint.pformat`` of a number; Ray prefixes (``(TaskRunner pid=..)``) and ANSI
 colours may surround it. Its ``file`` logger (``trainer.logger=[console,file]``) writes JSON lines
-``{"step": N, "data": {...}}``.
+``{"step": N, "data": {...}}`` (verl's ``utils/tracking.py`` ``FileLogger``: to ``$VERL_FILE_LOGGER_PATH``, else
+``$VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl``, the root defaulting to the working
+directory). Its ``wandb`` logger (``trainer.logger=[console,wandb]``, ``WANDB_MODE=offline``) leaves a run
+folder ``wandb/offline-run-<time>-<id>/run-<id>.wandb``: :func:`parse_wandb_run` reads its records.
 
 Two readers of the console format, for two uses:
 
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+import zlib
+from pathlib import Path
 from typing import Optional
 
-__all__ = ["STEP_LINE", "parse_value", "parse_steps", "parse_console_log", "parse_file_logger"]
+__all__ = ["STEP_LINE", "parse_value", "parse_steps", "parse_console_log", "parse_file_logger", "parse_wandb_run"]
 
 #: A console-logger step line: group 1 the step, group 2 the ``key:value - key:value ...`` rest.
 STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
@@ -123,3 +129,81 @@ def parse_file_logger(text: str) -> tuple[dict[int, dict[str, float]], int, bool
             k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
     return steps, corrupt, bool(steps)
+
+
+_WANDB_MAGIC = b":W&B"
+_BLOCK = 32768  # the LevelDB log layout wandb's transaction log uses: 32 KiB blocks of 7-byte-headed chunks
+
+
+def _wandb_records(data: bytes):
+    """The serialised ``Record`` protos of a ``run-<id>.wandb`` file and the number of chunks whose CRC failed
+    (LevelDB log format: header ``:W&B`` + 2-byte magic + version, then chunks ``crc32 | length | type``,
+    type 1 full, 2 first, 3 middle, 4 last; a block's tail under 7 bytes is padding)."""
+    pos, pending, bad, out = 7, b"", 0, []
+    while pos + 7 <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < 7:
+            pos += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:  # zero padding: the end of what was written
+            break
+        if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) & 0xFFFFFFFF != crc:
+            bad, pending = bad + 1, b""
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            out.append(pending)
+            pending = b""
+    return out, bad
+
+
+def parse_wandb_run(path) -> tuple[dict[int, dict[str, float]], dict, int]:
+    """A wandb run's transaction log (``run-<id>.wandb``, offline or synced) -> (``{step: {metric: value}}``,
+    ``{"name": display name (verl: trainer.experiment_name), "project", "config": the logged config}``, number
+    of unreadable chunks). Only numeric history values are kept (wandb's own ``_step``, ``_runtime`` and
+    ``_timestamp`` are dropped); the step is the one verl passed to ``wandb.log(data, step=step)``.
+    ImportError without the ``wandb`` package (its protobuf classes decode the records)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != _WANDB_MAGIC:
+        raise ValueError(f"{path}: not a wandb transaction log")
+    raw, bad = _wandb_records(data)
+    steps: dict[int, dict[str, float]] = {}
+    meta: dict = {"config": {}}
+
+    def items(updates):
+        for item in updates:
+            key = item.key or "/".join(item.nested_key)
+            try:
+                yield key, json.loads(item.value_json)
+            except ValueError:
+                continue
+
+    for blob in raw:
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(blob)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError; counted like a bad chunk
+            bad += 1
+            continue
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            meta["name"], meta["project"] = rec.run.display_name, rec.run.project
+            meta["config"].update(dict(items(rec.run.config.update)))
+        elif kind == "config":
+            meta["config"].update(dict(items(rec.config.update)))
+        elif kind == "history":
+            values = dict(items(rec.history.item))
+            step = rec.history.step.num if rec.history.HasField("step") else values.get("_step")
+            if not isinstance(step, int):
+                continue
+            steps.setdefault(int(step), {}).update({
+                k: float(v) for k, v in values.items()
+                if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    # wandb stores each config group as {"value": ..., "desc": ...}
+    meta["config"] = {k: v.get("value", v) if isinstance(v, dict) else v for k, v in meta["config"].items()}
+    return steps, meta, bad

@@ -51,9 +51,14 @@ def read_partial(path: Path, fingerprint: dict) -> dict[str, dict]:
 
 
 class PartialWriter:
-    """Appends records to OUT.partial, one JSON line each, flushed per batch."""
+    """Appends records to OUT.partial, one JSON line each, flushed per batch. The file is opened (and a fresh
+    one gets its header) at the first record: a run that scores nothing leaves no OUT.partial behind."""
 
     def __init__(self, path: Path, fingerprint: dict):
+        self.path, self.fingerprint, self.f = path, fingerprint, None
+
+    def _open(self):
+        path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not path.is_file() or path.stat().st_size == 0
         self.f = open(path, "a", encoding="utf-8")
@@ -63,17 +68,21 @@ class PartialWriter:
                 if r.read(1) != b"\n":
                     self.f.write("\n")  # after a torn line
         else:
-            self.write({"header": {"format": _PARTIAL_FORMAT, "fingerprint": fingerprint}})
+            self.f.write(json.dumps({"header": {"format": _PARTIAL_FORMAT, "fingerprint": self.fingerprint}}) + "\n")
 
     def write(self, obj: dict) -> None:
+        if self.f is None:
+            self._open()
         self.f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
 
     def flush(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        if self.f is not None:
+            self.f.flush()
+            os.fsync(self.f.fileno())
 
     def close(self) -> None:
-        self.f.close()
+        if self.f is not None:
+            self.f.close()
 
 
 def write_json(path: Path, obj: dict) -> None:

@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.mrtpo.launch_errors import looks_local
 from recipe.mrtpo.tools.eval.generation import Generation, choose_backend, make_generator
-from recipe.mrtpo.tools.eval.items import BUILD_HINT, DEFAULT_DATA, Item, load_items
+from recipe.mrtpo.tools.eval.items import BUILD_HINT, DEFAULT_DATA, EvalError, Item, load_items
 from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY, aggregate, score_response
 from recipe.mrtpo.tools.eval.partial import PartialWriter, read_partial, write_json
 
@@ -126,6 +127,12 @@ def _generate(family: str, pending: list[Item], generator, batch_size: int, n: i
     return records
 
 
+def _row_count(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
 def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict:
     """Evaluate as the parsed CLI arguments say; write ``args.out`` and return its content.
 
@@ -137,9 +144,16 @@ def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict
     data = Path(args.data or DEFAULT_DATA[args.task])
     if not data.is_file():
         raise FileNotFoundError(f"data file not found: {data}; build it with `{BUILD_HINT[args.task]}` or pass --data")
+    if looks_local(str(args.model)) and not Path(args.model).expanduser().exists():
+        raise EvalError(f"--model {args.model}: no such folder (a Hugging Face model folder, e.g. one written by "
+                        f"`python -m recipe.mrtpo.tools.export`, or a hub id)")
+    if Path(args.model).expanduser().is_dir() and not (Path(args.model).expanduser() / "config.json").is_file():
+        raise EvalError(f"--model {args.model}: no config.json, not a Hugging Face model folder (a training "
+                        f"checkpoint? export it first: python -m recipe.mrtpo.tools.export CHECKPOINT_DIR --out HF_DIR)")
     out = Path(args.out)
     partial = out.with_name(out.name + ".partial")
     items = load_items(data, args.task, args.limit)
+    total = _row_count(data)
     fingerprint = _fingerprint(args)
     if args.overwrite and partial.exists():
         partial.unlink()
@@ -156,7 +170,11 @@ def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict
                 writer.write(records[item_id])
             writer.flush()
         if pending:
-            generator = generator_factory(args, backend)
+            try:
+                generator = generator_factory(args, backend)
+            except (OSError, ValueError) as e:  # no model files, no tokenizer, not a model folder: the input's fault
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise EvalError(f"cannot load --model {args.model}: {first}") from e
             records.update(_generate(family, pending, generator, batch_size, args.n, writer, f"eval {args.task}",
                                      opts))
     finally:
@@ -194,5 +212,7 @@ def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict
         },
         "items": ordered,
     }
+    if args.limit is not None and len(ordered) < total:  # a subset: tables must say so (tools.report does)
+        result["subset"] = {"items": len(ordered), "of": total, "how": f"first {len(ordered)} rows (--limit)"}
     write_json(out, result)
     return result

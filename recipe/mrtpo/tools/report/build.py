@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m recipe.mrtpo.tools.report RUNS_DIR [--out DIR] [--threshold 0.8]
+    python -m recipe.mrtpo.tools.report RUNS_DIR [--out-dir DIR] [--threshold 0.8]
                                   [--metric TASK=KEY[:LABEL]] [--rewards REGEX]
 
-writes into ``--out`` (default ``RUNS_DIR/report``):
+writes into ``--out-dir`` (default ``RUNS_DIR/report``):
 
 - ``table.md``: one table per model, rows = methods (``base`` if present, then grpo, gdpo, cort,
   shuffle, mrtpo, then any other name), columns = evaluated task x its headline metric(s) (IFBench /
@@ -74,8 +74,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
     warnings: list[str] = []
     runs, evals = discover(root, out_dir, warnings)
     if not runs and not evals:
-        raise FileNotFoundError(f"no training logs (step:N lines / file-logger JSON lines) or eval JSONs "
-                                f"under {root}")
+        raise FileNotFoundError("\n".join([f"no training logs (verl console step lines, file-logger JSON lines, "
+                                            f"wandb runs) or eval JSONs under {root}", *warnings]))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
@@ -101,9 +101,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
         reach = {rw: {m: res for m, res in by_m.items() if res["n_runs"]} for rw, by_m in reach.items()}
         title = f"{model} · {task}"
         name = f"{_slug(model)}__{_slug(task)}.png"
-        plot_curves(curves, title, threshold, out_dir / f"curves__{name}")
-        plot_threshold(reach, title, threshold, out_dir / f"threshold__{name}")
-        written += [f"curves__{name}", f"threshold__{name}"]
+        for plot, data, prefix in ((plot_curves, curves, "curves"), (plot_threshold, reach, "threshold")):
+            written += [p.name for p in plot(data, title, threshold, out_dir / f"{prefix}__{name}")]
         curves_out.setdefault(model, {})[task] = curves
         thresholds_out.setdefault(model, {})[task] = reach
 
@@ -135,23 +134,32 @@ def _parse_metric(spec: str) -> tuple[str, tuple[str, str]]:
     return task, (label or key, key)
 
 
+_EPILOG = """examples:
+  python -m recipe.mrtpo.tools.report outputs/quickstart/runs           # the CPU quickstart's runs
+  python -m recipe.mrtpo.tools.report runs/ --threshold 0.9 --rewards 'format|correctness'
+  python -m recipe.mrtpo.tools.report runs/ --metric ifeval=inst_level_strict:inst-strict --metric ifeval=prompt_level_strict
+
+RUNS_DIR may hold run-script folders (<model>_<task>_<method>[_seed<k>]/ with a console log and eval/ JSONs),
+verl file-logger files (<project>/<experiment>.jsonl) and wandb run folders (wandb/offline-run-*/)."""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.mrtpo.tools.report", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     parser.add_argument("runs_dir", help="folder with training logs and eval JSONs (searched recursively)")
-    parser.add_argument("--out", help="output folder (default RUNS_DIR/report)")
+    parser.add_argument("--out-dir", help="output folder (default RUNS_DIR/report)")
     parser.add_argument("--threshold", type=float, default=0.8,
                         help="reward level for the steps-until-threshold chart (default 0.8)")
     parser.add_argument("--metric", action="append", type=_parse_metric, default=[], metavar="TASK=KEY[:LABEL]",
                         help="table column(s) for an eval task, replacing its default headline metric "
-                             "(repeatable, e.g. --metric ifeval=instruction_strict_acc:inst-strict)")
+                             "(repeatable, e.g. --metric ifeval=inst_level_strict:inst-strict; a nested metric as a/b/c)")
     parser.add_argument("--rewards", metavar="REGEX", help="plot only rewards whose name matches REGEX")
     args = parser.parse_args(argv)
     overrides: dict = {}
     for task, col in args.metric:
         overrides.setdefault(task, []).append(col)
     try:
-        summary = build_report(args.runs_dir, args.out, args.threshold, overrides, args.rewards)
+        summary = build_report(args.runs_dir, args.out_dir, args.threshold, overrides, args.rewards)
     except (FileNotFoundError, re.error) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

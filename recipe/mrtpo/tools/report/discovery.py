@@ -37,24 +37,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from recipe.mrtpo.tools.report.launch_meta import meta_from_command_line, meta_from_config
 from recipe.mrtpo.tools.report.names import METHOD_ORDER, TASK_ORDER, UNKNOWN
-from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger
+from recipe.mrtpo.tools.verl_log import parse_console_log, parse_file_logger, parse_wandb_run
 
-RUN_NAME = re.compile(
-    r"^(?P<model>.+?)_(?P<task>" + "|".join(sorted(TASK_ORDER, key=len, reverse=True)) + r"|[^_]+)"
-    r"_(?P<method>[^_]+)_seed(?P<seed>\d+)$"
-)
+_TASKS = "|".join(re.escape(t) for t in sorted(TASK_ORDER, key=len, reverse=True))
+RUN_NAME = re.compile(r"^(?P<model>.+?)_(?P<task>" + _TASKS + r"|[^_]+)_(?P<method>[^_]+)_seed(?P<seed>\d+)$")
+#: the run scripts' name before seeds were added to it: the method must then be a known one
+RUN_NAME_NO_SEED = re.compile(r"^(?P<model>.+?)_(?P<task>" + _TASKS + r"|[^_]+)_(?P<method>"
+                              + "|".join(re.escape(m) for m in METHOD_ORDER) + r")$", re.IGNORECASE)
 _SEED_DIR = re.compile(r"^seed[_-]?(\d+)$")
 _SKIP_DIRS = re.compile(r"^(checkpoints|global_step_\d+|__pycache__|\.git|node_modules|\..*)$")
 LOG_SUFFIXES = (".log", ".out", ".txt")
 
 
 def parse_run_name(name: str) -> dict:
-    """``<model>_<task>_<method>_seed<k>`` -> ``{"model", "task", "method", "seed"}``; ``{}`` otherwise."""
+    """``<model>_<task>_<method>_seed<k>`` (any method) or ``<model>_<task>_<method>`` (a known method, no
+    seed) -> ``{"model", "task", "method"[, "seed"]}``; ``{}`` otherwise. These are the run scripts'
+    ``trainer.experiment_name`` (``qwen2.5-7b-instruct_ifbench_mrtpo_seed0``) and so verl's file-logger
+    file name and the checkpoint folder."""
     m = RUN_NAME.match(name)
-    if not m:
-        return {}
-    return {"model": m["model"], "task": m["task"], "method": m["method"], "seed": int(m["seed"])}
+    if m:
+        return {"model": m["model"], "task": m["task"], "method": m["method"], "seed": int(m["seed"])}
+    m = RUN_NAME_NO_SEED.match(name)
+    if m:
+        return {"model": m["model"], "task": m["task"], "method": m["method"]}
+    return {}
 
 
 def _norm_seed(seed):
@@ -122,6 +130,7 @@ class EvalResult:
     metrics: dict  # flattened: "a/b" for nested dicts, numbers only
     headline: Optional[list]
     path: str
+    subset: Optional[str] = None  # "k/N" (or "k") when ``tools.eval --limit`` scored only part of the file
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, float]:
@@ -157,45 +166,105 @@ def _walk(root: Path, skip: Optional[Path]) -> list[Path]:
     return sorted(files)
 
 
+def _subset(data: dict) -> Optional[str]:
+    """``"k/N"`` when the eval scored k of the file's N items (``--limit``): from its ``"subset"`` record,
+    or ``"k"`` from ``config.limit`` in results written before it had one; ``None`` for a whole file."""
+    sub = data.get("subset")
+    if isinstance(sub, dict) and isinstance(sub.get("items"), int):
+        total = sub.get("of")
+        return f"{sub['items']}/{total}" if isinstance(total, int) else str(sub["items"])
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    if isinstance(config.get("limit"), int) and data.get("n") == config["limit"]:  # fewer: the whole file
+        return f"{data['n']}/?"
+    return None
+
+
 def _seed_or_path(meta: dict, path: Path, root: Path):
     if meta.get("seed") is not None:
         return meta["seed"]
     return str(path.parent.relative_to(root)) or "."
 
 
+def _fill(meta: dict, extra: dict) -> dict:
+    """``meta`` with the fields it lacks taken from ``extra`` (an experiment name parsed first)."""
+    for k, v in parse_run_name(str(extra.get("name", ""))).items():
+        meta.setdefault(k, v)
+    for k in ("model", "task", "method", "seed"):
+        if extra.get(k) is not None:
+            meta.setdefault(k, extra[k])
+    if "method" in meta:
+        meta["method"] = str(meta["method"]).lower()
+    return meta
+
+
+def _read_training_log(path: Path, rel: str, root: Path, warnings: list[str]):
+    """(steps, corrupt lines, meta) of a console / file-logger / wandb log, or a reason string why it is
+    not one (``None`` for a file that is plainly something else)."""
+    if path.name.startswith("run-") and path.suffix == ".wandb":
+        try:
+            steps, wmeta, corrupt = parse_wandb_run(path)
+        except ImportError:
+            return "a wandb run, but the wandb package (which decodes it) is not installed"
+        except (ValueError, OSError) as e:
+            return f"unreadable wandb run ({str(e)[:80]})"
+        meta = resolve_meta(path, root, warnings)
+        return steps, corrupt, _fill(meta, meta_from_config(wmeta.get("name"), wmeta.get("config", {})))
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"unreadable ({e})"
+    if path.suffix.lower() == ".jsonl":
+        steps, corrupt, is_log = parse_file_logger(text)
+        if not is_log:
+            return None  # some other JSON-lines file (e.g. rollout dumps)
+    else:
+        steps, corrupt = parse_console_log(text)
+        if not steps and not corrupt:
+            return None
+    return steps, corrupt, _fill(resolve_meta(path, root, warnings), meta_from_command_line(text))
+
+
+def _folder_of(rel: str) -> str:
+    return rel.split("/", 1)[0] + "/" if "/" in rel else "."
+
+
 def discover(root: Path, skip: Optional[Path], warnings: list[str]) -> tuple[list[TrainRun], list[EvalResult]]:
-    """Every training log and eval JSON under ``root`` (except under ``skip``), grouped into runs."""
+    """Every training log and eval JSON under ``root`` (except under ``skip``), grouped into runs; a warning
+    for every file skipped and, per top-level folder that gave nothing, why."""
     runs: dict[tuple, TrainRun] = {}
     evals: dict[tuple, EvalResult] = {}
-    for path in _walk(root, skip):
+    used: set[str] = set()
+    reasons: dict[str, list[str]] = {}
+    files = _walk(root, skip)
+    wandb_dirs = {p.parent for p in files if p.name.startswith("run-") and p.suffix == ".wandb"}
+    for path in files:
         suffix = path.suffix.lower()
         rel = str(path.relative_to(root))
-        if suffix in LOG_SUFFIXES or suffix == ".jsonl":
-            try:
-                text = path.read_text(errors="replace")
-            except OSError as e:
-                warnings.append(f"{rel}: unreadable ({e}); skipped")
+        if any(d in path.parents for d in wandb_dirs) and path.parent not in wandb_dirs:
+            continue  # a wandb run's files/output.log, logs/debug.log: its run-<id>.wandb is read instead
+        if suffix in LOG_SUFFIXES or suffix in (".jsonl", ".wandb"):
+            got = _read_training_log(path, rel, root, warnings)
+            if got is None:
                 continue
-            if suffix == ".jsonl":
-                steps, corrupt, is_log = parse_file_logger(text)
-                if not is_log:
-                    continue  # some other JSON-lines file (e.g. rollout dumps)
-            else:
-                steps, corrupt = parse_console_log(text)
-                if not steps and not corrupt:
-                    continue
-            meta = resolve_meta(path, root, warnings)
+            if isinstance(got, str):
+                warnings.append(f"{rel}: {got}; skipped")
+                reasons.setdefault(_folder_of(rel), []).append(got)
+                continue
+            steps, corrupt, meta = got
             if corrupt:
                 warnings.append(f"{rel}: {corrupt} corrupt/truncated step line(s) skipped")
             if "method" not in meta:
-                warnings.append(f"{rel}: training log of unknown method (no run.json, name not "
-                                f"<model>_<task>_<method>_seed<k>); skipped")
+                why = ("training log of unknown method (no run.json, no <model>_<task>_<method>[_seed<k>] name, "
+                       "no launch command line in it)")
+                warnings.append(f"{rel}: {why}; skipped")
+                reasons.setdefault(_folder_of(rel), []).append(why)
                 continue
             key = (meta.get("model", UNKNOWN), meta.get("task", UNKNOWN), meta["method"],
                    _seed_or_path(meta, path, root))
             run = runs.setdefault(key, TrainRun(*key))
             run.sources.append(rel)
             run.corrupt_lines += corrupt
+            used.add(_folder_of(rel))
             for step, metrics in steps.items():
                 run.steps.setdefault(step, {}).update(metrics)
         elif suffix == ".json" and path.name != "run.json":
@@ -211,8 +280,9 @@ def discover(root: Path, skip: Optional[Path], warnings: list[str]) -> tuple[lis
                 continue
             meta = resolve_meta(path, root, warnings)
             if "method" not in meta:
-                warnings.append(f"{rel}: eval result of unknown method (no run.json, name not "
-                                f"<model>_<task>_<method>_seed<k>); skipped")
+                why = "eval result of unknown method (no run.json, no <model>_<task>_<method>[_seed<k>] name)"
+                warnings.append(f"{rel}: {why}; skipped")
+                reasons.setdefault(_folder_of(rel), []).append(why)
                 continue
             model = meta.get("model") or (str(data["model"]) if data.get("model") else UNKNOWN)
             headline = data.get("headline")
@@ -221,10 +291,16 @@ def discover(root: Path, skip: Optional[Path], warnings: list[str]) -> tuple[lis
                 seed=_seed_or_path(meta, path, root), eval_task=data["task"],
                 metrics=_flatten(data["metrics"]),
                 headline=[str(h) for h in headline] if isinstance(headline, list) else None, path=rel,
+                subset=_subset(data),
             )
             key = (result.model, result.method, result.eval_task, result.train_task, result.seed)
             if key in evals:
                 warnings.append(f"{rel}: second eval of {result.eval_task} for the same run as "
                                 f"{evals[key].path}; using {rel}")
             evals[key] = result
+            used.add(_folder_of(rel))
+    for folder in sorted({_folder_of(str(p.relative_to(root))) for p in files} - used - {"."}):
+        why = "; ".join(sorted(set(reasons.get(folder, [])))) or (
+            "no training log (verl console step lines, file-logger .jsonl, wandb run) and no eval JSON in it")
+        warnings.append(f"skipped folder {folder}: {why}")
     return list(runs.values()), list(evals.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from recipe.mrtpo.tools.report.names import method_sort
@@ -31,13 +32,30 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def plot_curves(curves: dict, title: str, threshold: float, path: Path) -> None:
-    """One panel per reward (``curves[reward][method] = curve_stats``), one line per method."""
+def _title(fig, title: str, subtitle: str, width_in: float, fontsize: float = 10) -> None:
+    """Title and subtitle above the panels, both wrapped to the figure's width so that nothing is cut
+    (constrained layout makes room for the lines a suptitle has)."""
+    chars = max(30, int(0.9 * width_in * 72 / (0.6 * fontsize)))  # DejaVu Sans: ~0.6 em a glyph, 10% margin
+    fig.suptitle("\n".join([*textwrap.wrap(title, chars), *textwrap.wrap(subtitle, chars)]), fontsize=fontsize)
+
+
+def save_figure(fig, path: Path) -> list[Path]:
+    """``path`` (PNG, 200 dpi) and the same figure as vector PDF beside it; returns both paths."""
+    path = Path(path)
+    pdf = path.with_suffix(".pdf")
+    fig.savefig(path, dpi=200)
+    fig.savefig(pdf)
+    return [path, pdf]
+
+
+def plot_curves(curves: dict, title: str, threshold: float, path: Path) -> list[Path]:
+    """One panel per reward (``curves[reward][method] = curve_stats``), one line per method; PNG + PDF."""
     rewards = sorted(curves)
     methods = method_sort({m for r in rewards for m in curves[r]})
     ncols = min(4, len(rewards))
     nrows = math.ceil(len(rewards) / ncols)
-    fig = _figure(3.6 * ncols + 0.4, 2.7 * nrows + 0.8)
+    width = 3.6 * ncols + 0.4
+    fig = _figure(width, 2.7 * nrows + 0.8)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax, reward in zip(axes.flat, rewards):
         values = []
@@ -71,18 +89,19 @@ def plot_curves(curves: dict, title: str, threshold: float, path: Path) -> None:
     handles = [by_label[m] for m in methods if m in by_label]
     fig.legend(handles, [m for m in methods if m in by_label], loc="outside lower center",
                ncols=len(handles) or 1, fontsize=9)
-    fig.suptitle(f"{title}: per-reward training curves\n"
-                 f"mean over seeds, band ±1 std over seeds; dashed: threshold {threshold:g}", fontsize=10)
-    fig.savefig(path)
+    _title(fig, f"{title}: per-reward training curves",
+           f"mean over seeds, band ±1 std over seeds; dashed: threshold {threshold:g}", width)
+    return save_figure(fig, path)
 
 
-def plot_threshold(results: dict, title: str, threshold: float, path: Path) -> None:
+def plot_threshold(results: dict, title: str, threshold: float, path: Path) -> list[Path]:
     """Grouped bars: x = rewards, one bar per method (``results[reward][method]`` from
-    :func:`threshold_results`); never-reached methods are labelled, not drawn as 0."""
+    :func:`threshold_results`); never-reached methods are labelled, not drawn as 0; PNG + PDF."""
     rewards = sorted(results)
     methods = method_sort({m for r in rewards for m in results[r]})
     width = 0.8 / max(1, len(methods))
-    fig = _figure(max(6.0, 1.2 + len(rewards) * (0.32 * len(methods) + 0.35)), 4.6)
+    fig_width = max(6.0, 1.2 + len(rewards) * (0.32 * len(methods) + 0.35))
+    fig = _figure(fig_width, 4.9)
     ax = fig.subplots()
     top = max([s for r in rewards for m in results[r].values() for s in m["per_run"].values() if s is not None]
               or [1])
@@ -103,19 +122,20 @@ def plot_threshold(results: dict, title: str, threshold: float, path: Path) -> N
             reached = [s for s in res["per_run"].values() if s is not None]
             ax.scatter([x] * len(reached), reached, s=9, color="black", zorder=3)
             if res["n_reached"] < res["n_runs"]:
-                ax.text(x, res["mean_step"], f"{res['n_reached']}/{res['n_runs']}", ha="center", va="bottom",
-                        fontsize=7)
-    ax.legend(handles=[Patch(color=_color(m, methods), label=m) for m in methods], fontsize=8, loc="upper left",
-              ncols=min(len(methods), 5))
+                ax.text(x, max(reached) + top * 0.03, f"{res['n_reached']}/{res['n_runs']}", ha="center",
+                        va="bottom", fontsize=7)  # above the highest dot, not on it
+    fig.legend(handles=[Patch(color=_color(m, methods), label=m) for m in methods], fontsize=8,
+               loc="outside lower center", ncols=min(len(methods), 6))
     ax.set_xticks(range(len(rewards)))
     slanted = len(rewards) > 3
     ax.set_xticklabels(rewards, rotation=30 if slanted else 0, ha="right" if slanted else "center",
                        rotation_mode="anchor", fontsize=8)
     ax.set_xlim(-0.6, len(rewards) - 0.4)
     ax.set_ylim(0, top * 1.18 + 0.5)
+    ax.yaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
     ax.set_ylabel(f"first step with reward mean ≥ {threshold:g}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"{title}: steps until each reward first reaches {threshold:g}\n"
-                 f"bar: mean over the seeds that reached it; dots: single seeds; k/n: seeds that reached it",
-                 fontsize=9)
-    fig.savefig(path)
+    _title(fig, f"{title}: steps until each reward first reaches {threshold:g}",
+           "bar: mean over the seeds that reached it; dots: single seeds; k/n: seeds that reached it", fig_width,
+           fontsize=9)
+    return save_figure(fig, path)

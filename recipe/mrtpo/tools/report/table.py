@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Optional
@@ -14,6 +15,8 @@ _PROMPT_STRICT = ("prompt-strict", ("prompt_level_strict_acc", "prompt_strict_ac
                                     "prompt_strict", "prompt_level_strict_accuracy", "prompt_strict_accuracy"))
 _EX = ("EX", ("execution_accuracy", "exec_accuracy", "exec_acc", "ex", "execution_match", "exec_match"))
 _AST = ("AST acc", ("ast_accuracy", "ast_acc", "ast", "accuracy"))
+#: BFCL's own checker first (the headline), the recipe's reward-side AST match beside it
+_BFCL = [("AST (BFCL checker)", ("bfcl_official_ast_accuracy",)), ("AST (recipe)", _AST[1])]
 #: task -> [(column label, candidate keys of the eval JSON's metrics, first match wins)].
 HEADLINE_METRICS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "ifbench": [_PROMPT_STRICT],
@@ -23,8 +26,8 @@ HEADLINE_METRICS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "bird": [_EX],
     "chinook": [_EX],
     "text_to_sql": [_EX],
-    "bfcl": [_AST],
-    "tool_calling": [_AST],
+    "bfcl": _BFCL,
+    "tool_calling": _BFCL,
 }
 
 
@@ -37,12 +40,18 @@ def headline_columns(task: str, results: list[EvalResult], overrides: dict, warn
     """[(label, metric key)] for one evaluated task: ``--metric`` overrides, else the eval JSON's own
     ``"headline"`` list, else the first of :data:`HEADLINE_METRICS`' candidates present, else (with a
     warning) every top-level metric."""
-    if task in overrides:
-        return overrides[task]
     available: dict[str, str] = {}
     for r in results:
         for k in r.metrics:
             available.setdefault(k, k)
+    if task in overrides:
+        for _label, key in overrides[task]:
+            if key not in available:
+                close = difflib.get_close_matches(key, list(available), n=3)
+                warnings.append(f"--metric {task}={key}: no {task} result has metric {key!r}; column left out"
+                                + (f" (did you mean {', '.join(close)}?)" if close else
+                                   f" (metrics: {', '.join(sorted(k for k in available if '/' not in k))})"))
+        return [(label, key) for label, key in overrides[task] if key in available]
     declared = next((r.headline for r in results if r.headline), None)
     if declared:
         return [(k, k) for k in declared if k in available]
@@ -82,6 +91,7 @@ def build_table(evals: list[EvalResult], overrides: dict, warnings: list[str]) -
                         "model": model, "method": method, "task": task, "metric": key, "label": label,
                         "values": [r.metrics[key] for r in group], "seeds": [r.seed for r in group],
                         "train_tasks": sorted({r.train_task for r in group}),
+                        "subsets": sorted({r.subset for r in group if r.subset}),
                         "mean": mean, "std": std, "n": n, "scale": scale,
                     })
     return cells
@@ -103,6 +113,7 @@ def render_table(cells: list[dict]) -> str:
     if not cells:
         return "# Results\n\nNo eval results found (eval JSONs of `python -m recipe.mrtpo.tools.eval`).\n"
     lines = ["# Results", ""]
+    subsets = False
     models = sorted({c["model"] for c in cells})
     columns = []
     for c in cells:
@@ -121,9 +132,16 @@ def render_table(cells: list[dict]) -> str:
             for task, key, _ in cols:
                 c = next((c for c in mine if c["method"] == method and c["task"] == task
                           and c["metric"] == key), None)
-                row.append(format_cell(c["mean"], c["std"], c["n"], c["scale"]) if c else "–")
+                text = format_cell(c["mean"], c["std"], c["n"], c["scale"]) if c else "–"
+                if c and c.get("subsets"):
+                    text += " [subset " + ", ".join(c["subsets"]) + "]"
+                    subsets = True
+                row.append(text)
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     lines.append("Cells: mean ± sample standard deviation over seeds (n = seeds; a single seed shows its value). "
                  "Metrics whose values lie in [0, 1] are shown x 100.")
+    if subsets:
+        lines.append("[subset k/N]: scored on the first k of the N items of the evaluation file (`tools.eval "
+                     "--limit`), not on the whole benchmark.")
     return "\n".join(lines) + "\n"

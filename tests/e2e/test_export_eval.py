@@ -1,0 +1,56 @@
+"""End-to-end: a 1-step CPU run of verl's loop saves its checkpoint (``trainer.save_freq=1``), then
+``python -m recipe.mrtpo.tools.export`` turns it into a Hugging Face folder (verl's merger) that
+``python -m recipe.mrtpo.tools.eval --model`` evaluates. Heavy (Ray + vLLM-CPU): run alone, ``-m e2e``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from recipe.mrtpo.cpu.launcher import REPO_ROOT, run_cpu, tiny_run_overrides
+
+TIMEOUT_S = 600
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 300)
+def test_checkpoint_of_a_cpu_run_exports_and_evaluates(tiny_qwen2_dir, if_train_parquet, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ckpts = tmp_path / "checkpoints"
+    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "gdpo", 1),
+                                               "trainer.save_freq=1"], tmp_path / "run", TIMEOUT_S)
+    assert not res.timed_out and res.returncode == 0, res.tail()
+    actor = ckpts / "global_step_1" / "actor"
+    assert (actor / "fsdp_config.json").is_file(), sorted(p.name for p in ckpts.rglob("*"))
+
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.export", str(ckpts), "--out", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "mrtpo_export.json").read_text())["step"] == 1
+
+    # the exported weights are the checkpoint's (bf16, as verl's merger saves them) and the step changed them
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).state_dict()
+    shard = torch.load(actor / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
+    changed = 0
+    for key, value in exported.items():
+        saved = shard[key]
+        saved = saved.full_tensor() if hasattr(saved, "full_tensor") else saved
+        torch.testing.assert_close(value, saved.bfloat16().float(), rtol=0, atol=0)
+        changed += not torch.equal(value, initial[key])
+    assert changed > 0, "the exported model equals the initial one: the step did not train or the export is stale"
+
+    result = tmp_path / "eval" / "ifeval.json"
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.eval", "--task", "ifeval", "--model", str(out),
+                           "--data", str(if_train_parquet), "--limit", "2", "--max-new-tokens", "8", "--backend", "hf",
+                           "--out", str(result)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(result.read_text())
+    assert data["n"] == 2 and data["subset"]["items"] == 2 and 0 <= data["metrics"]["prompt_level_strict"] <= 1

@@ -1,0 +1,83 @@
+"""A refused launch of ``python -m recipe.mrtpo.main_mrtpo`` is one line; ``--debug`` shows the traceback
+(``recipe/mrtpo/launch_errors.py``). The messages come from the real Hydra composition of the recipe's config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+
+from recipe.mrtpo.launch_errors import check_local_paths, is_launch_error, launch_errors_in_one_line, one_line
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO / "recipe" / "mrtpo" / "config"
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="mrtpo_trainer", overrides=list(overrides))
+
+
+def test_mistyped_key_names_the_key_and_the_near_one():
+    with pytest.raises(HydraException) as exc:
+        _compose("mrtpo.bta=0.3")
+    assert is_launch_error(exc.value)
+    assert one_line(exc.value) == "unknown config key 'mrtpo.bta' (did you mean 'mrtpo.beta'?)"
+    with pytest.raises(HydraException) as exc:
+        _compose("trainer.totl_epochs=3")
+    assert one_line(exc.value) == "unknown config key 'trainer.totl_epochs' (did you mean 'trainer.total_epochs'?)"
+
+
+def test_missing_model_folder_and_data_files(tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"x")
+    cfg = _compose(f"actor_rollout_ref.model.path={tmp_path / 'nope'}", f"data.train_files={data}",
+                   f"data.val_files=[{data},{tmp_path / 'val.parquet'}]")
+    with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path=.*nope: no such folder"):
+        check_local_paths(cfg)
+    cfg = _compose("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", f"data.train_files={data}",
+                   f"data.val_files=[{data},{tmp_path / 'val.parquet'}]")  # a hub id is left to transformers
+    with pytest.raises(FileNotFoundError, match=r"data.val_files: no such file .*val.parquet"):
+        check_local_paths(cfg)
+    cfg = _compose(f"actor_rollout_ref.model.path={tmp_path}", f"data.train_files={data}", "data.val_files=hdfs://x/y")
+    check_local_paths(cfg)
+
+
+def test_only_launch_errors_are_shortened(capsys, monkeypatch):
+    monkeypatch.delenv("MRTPO_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exc, launch_errors_in_one_line("prog"):
+        raise ValueError("mrtpo.beta must be in [0, 1),\n got 1.5")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("prog: error: mrtpo.beta must be in [0, 1), got 1.5  [traceback:")
+    with pytest.raises(ZeroDivisionError), launch_errors_in_one_line("prog"):  # a crash keeps its traceback
+        raise ZeroDivisionError("bug")
+    monkeypatch.setenv("MRTPO_DEBUG", "1")
+    with pytest.raises(ValueError), launch_errors_in_one_line("prog"):
+        raise ValueError("shown with its traceback")
+    from ray.exceptions import RayTaskError
+
+    assert not is_launch_error(RayTaskError("f", "tb", ValueError("inside the job")).as_instanceof_cause())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["mrtpo.bta=0.3"], "main_mrtpo: error: unknown config key 'mrtpo.bta' (did you mean 'mrtpo.beta'?)"),
+    (["actor_rollout_ref.model.path=/nonexistent/model"],
+     "main_mrtpo: error: actor_rollout_ref.model.path=/nonexistent/model: no such folder"),
+])
+def test_entry_point_prints_one_line_and_debug_the_traceback(args, message):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "1"}  # as the run scripts set it
+    env.pop("MRTPO_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.main_mrtpo", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.main_mrtpo", *args, "--debug"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr

@@ -1,0 +1,97 @@
+"""``python -m recipe.mrtpo.tools.export``: choosing the step, refusing what it cannot export, and verl's own
+merger run on a checkpoint laid out as verl's FSDP checkpoint manager writes it (world size 1 and 2).
+
+The checkpoint of a real training run is exported in ``tests/e2e/test_export_eval.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.mrtpo.tools.export import ExportError, export_checkpoint, find_checkpoint, main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _fake_actor(step_dir: Path, model_dir: Path, world_size: int = 1, scale: float = 1.0) -> dict:
+    """``step_dir/actor`` as verl's FSDPCheckpointManager leaves it: fsdp_config.json, one model shard per rank
+    (plain tensors here: what a world-size-1 FSDP2 run saves, replicated on every rank), huggingface/."""
+    from transformers import AutoModelForCausalLM
+
+    actor = step_dir / "actor"
+    actor.mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    state = {k: v * scale for k, v in model.state_dict().items()}
+    for rank in range(world_size):
+        torch.save(state, actor / f"model_world_size_{world_size}_rank_{rank}.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world_size}))
+    hf = actor / "huggingface"
+    hf.mkdir()
+    for f in model_dir.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, hf / f.name)
+    return state
+
+
+def test_find_checkpoint_latest_complete_step(tmp_path, tiny_model):
+    for n in (2, 10):
+        _fake_actor(tmp_path / f"global_step_{n}", tiny_model)
+    (tmp_path / "global_step_11" / "actor").mkdir(parents=True)  # a save that was cut off
+    ck = find_checkpoint(tmp_path)
+    assert ck.step == 10 and ck.actor_dir == tmp_path / "global_step_10" / "actor"
+    assert find_checkpoint(tmp_path, step=2).step == 2
+    assert find_checkpoint(tmp_path / "global_step_2").actor_dir == tmp_path / "global_step_2" / "actor"
+    assert find_checkpoint(tmp_path / "global_step_2" / "actor").step == 2
+    with pytest.raises(ExportError, match=r"no global_step_3/ .*\[2, 10, 11\]"):
+        find_checkpoint(tmp_path, step=3)
+    with pytest.raises(ExportError, match="has no complete FSDP actor checkpoint"):
+        find_checkpoint(tmp_path / "global_step_11")
+    with pytest.raises(ExportError, match="not of --step 10"):
+        find_checkpoint(tmp_path / "global_step_2", step=10)
+
+
+def test_find_checkpoint_errors(tmp_path):
+    with pytest.raises(ExportError, match="does not exist"):
+        find_checkpoint(tmp_path / "nope")
+    with pytest.raises(ExportError, match="no global_step_<N>/ checkpoint folders"):
+        find_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_export_with_verls_merger_loads_and_matches(tmp_path, tiny_model, world_size):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    state = _fake_actor(tmp_path / "ckpt" / "global_step_3", tiny_model, world_size, scale=0.5)
+    out = tmp_path / "hf"
+    info = export_checkpoint(tmp_path / "ckpt", out)
+    assert info["step"] == 3 and json.loads((out / "mrtpo_export.json").read_text())["step"] == 3
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    for key, value in merged.items():  # verl's merger saves bf16: equal up to bf16 rounding
+        torch.testing.assert_close(value, state[key].bfloat16().float(), rtol=0, atol=0)
+    assert AutoTokenizer.from_pretrained(out).chat_template
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.export-")]  # no temporary left
+
+
+def test_export_refuses_non_empty_out_and_cli_says_one_line(tmp_path, tiny_model, capsys):
+    _fake_actor(tmp_path / "ckpt" / "global_step_1", tiny_model)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    capsys.readouterr()
+    assert main([str(tmp_path / "ckpt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not empty; pass --overwrite" in err[0]
+    assert (out / "keep.txt").is_file()
+    assert main([str(tmp_path / "ckpt"), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "config.json").is_file() and not (out / "keep.txt").exists()
+    assert main([str(tmp_path / "missing"), "--out", str(out)]) == 2
