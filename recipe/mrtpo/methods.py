@@ -319,11 +319,19 @@ def _estimator(config) -> str:
     return str(getattr(est, "value", est))
 
 
+def name_of(estimator: str, mode: str = "mrtpo", shuffle: bool = False) -> Optional[str]:
+    """The method that (``algorithm.adv_estimator``, ``mrtpo.mode``, ``mrtpo.shuffle``) select, or None."""
+    for m in METHODS.values():
+        if (m.estimator, m.mode, m.shuffle) == (estimator, mode, bool(shuffle)):
+            return m.name
+    return None
+
+
 def _match(est: str, cfg) -> Method:
     """The one entry of (estimator, mode, shuffle), or a message naming the setting that contradicts it."""
-    for m in METHODS.values():
-        if (m.estimator, m.mode, m.shuffle) == (est, cfg.mode, bool(cfg.shuffle)):
-            return m
+    name = name_of(est, cfg.mode, cfg.shuffle)
+    if name is not None:
+        return METHODS[name]
     if cfg.mode != "mrtpo":
         m = next(m for m in METHODS.values() if m.mode == cfg.mode)
         if cfg.shuffle:

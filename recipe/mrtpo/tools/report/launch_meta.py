@@ -10,7 +10,7 @@ Used by :mod:`recipe.mrtpo.tools.report.discovery` for the fields a run's path d
 
 The experiment name is returned as ``"name"``, for the caller to parse like a folder name
 (``<model>_<task>_<method>[_seed<k>]``); what that leaves open comes from the settings that tell the compared methods apart (as ``run_scripts/common.sh``'s ``ALGO``
-sets them): ``mrtpo.mode`` cort / opsd, ``mrtpo.shuffle=True``, else ``algorithm.adv_estimator``; the model
+sets them, read through the methods registry): ``algorithm.adv_estimator``, ``mrtpo.mode``, ``mrtpo.shuffle``; the model
 from the basename of ``actor_rollout_ref.model.path``; the seed from ``mrtpo.seed`` / ``data.seed``.
 """
 
@@ -32,14 +32,13 @@ def _truthy(value: Any) -> bool:
 
 
 def method_from_settings(estimator: Optional[str], mode: Optional[str] = None, shuffle: Any = None) -> Optional[str]:
-    """The compared method a run's settings make: ``cort`` / ``opsd`` (``mrtpo.mode``), ``shuffle``
-    (``mrtpo.shuffle=True``), else the estimator (``grpo`` / ``gdpo`` / ``mrtpo`` / any other)."""
+    """The compared method a run's settings select (the methods registry, :func:`recipe.mrtpo.methods.name_of`);
+    settings no method selects give the estimator's name (a run of another recipe's estimator), or None."""
+    from recipe.mrtpo.methods import name_of
+
     mode = (str(mode).strip().lower() if mode not in (None, "", "null") else "mrtpo")
-    if mode in ("cort", "opsd"):
-        return mode
-    if shuffle is not None and _truthy(shuffle):
-        return "shuffle"
-    return str(estimator).strip().lower() if estimator not in (None, "", "null") else None
+    est = str(estimator).strip().lower() if estimator not in (None, "", "null") else None
+    return name_of(est, mode, shuffle is not None and _truthy(shuffle)) or est
 
 
 def _unquote(value: str) -> str:
