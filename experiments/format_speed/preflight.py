@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from data_prep.common import read_parquet_rows, sha256_file
-from experiments.format_speed.common import (CORRECTNESS, FORMAT, LOG_PREFIX, RESPONSES_PER_PROMPT, Condition,
-                                             ExperimentError)
+from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, RESPONSES_PER_PROMPT, Condition, ExperimentError
 from experiments.format_speed.diagnostic import dump_records, summarise
 
 _PREFLIGHT_FORMAT = "1"  # bump when the preflight changes in a way its key would not see
