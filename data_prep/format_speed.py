@@ -193,28 +193,40 @@ def build_splits(seed: int = 0, n_sft: int = 4000, n_train: int = 128, n_test: i
 
     There are ``len(TOOLS) * len(VALUES)`` = 360 distinct (tool, value) prompts; ``n_train + n_test``
     must leave some for the SFT split (whose prompts repeat, each time with a fresh demonstration)."""
-    for what, p in (("p_format", p_format), ("p_arg", p_arg), ("p_no_instruction", p_no_instruction),
-                    ("p_with_reference", p_with_reference)):
+    _check({"p_format": p_format, "p_arg": p_arg}, p_no_instruction, p_with_reference)
+    pool = [{"tool": t, "value": v} for t in TOOLS for v in VALUES]
+    return _assemble(pool, f"format_speed:{seed}", n_sft, n_train, n_test, p_no_instruction, p_with_reference, make_row,
+                     lambda rng, ex, variant: _demo(rng, ex, variant, p_format, p_arg))
+
+
+def _check(probabilities: dict, p_no_instruction: float, p_with_reference: float) -> None:
+    for what, p in (*probabilities.items(), ("p_no_instruction", p_no_instruction), ("p_with_reference", p_with_reference)):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"{what} must be in [0, 1], got {p}")
     if p_no_instruction + p_with_reference > 1.0:
         raise ValueError("p_no_instruction + p_with_reference must be at most 1")
-    pool = [{"tool": t, "value": v} for t in TOOLS for v in VALUES]
+
+
+def _assemble(pool: list[dict], tag: str, n_sft: int, n_train: int, n_test: int, p_no_instruction: float,
+              p_with_reference: float, row, demo) -> dict[str, list[dict]]:
+    """Shuffle ``pool`` (``random.Random(tag + ":split")``) into test, train and the SFT pool; draw ``n_sft``
+    SFT rows from the latter (``tag + ":sft"``), each of a variant drawn by the two probabilities and with
+    ``demo(rng, example, variant) -> (text, info)``; ``row(example, split, index, ...)`` makes a row."""
     if n_train + n_test >= len(pool):
         raise ValueError(f"n_train + n_test must be below {len(pool)} (the distinct prompts), got {n_train + n_test}")
-    rng = random.Random(f"format_speed:{seed}:split")
+    rng = random.Random(f"{tag}:split")
     rng.shuffle(pool)
     held = {"test": pool[:n_test], "train": pool[n_test:n_test + n_train]}
     sft_pool = pool[n_test + n_train:]
-    splits = {split: [make_row(ex, split, i) for i, ex in enumerate(exs)] for split, exs in held.items()}
-    rng = random.Random(f"format_speed:{seed}:sft")
+    splits = {split: [row(ex, split, i) for i, ex in enumerate(exs)] for split, exs in held.items()}
+    rng = random.Random(f"{tag}:sft")
     rows = []
     for i in range(n_sft):
         ex = rng.choice(sft_pool)
         u = rng.random()
         variant = "no_instruction" if u < p_no_instruction else "with_reference" if u < p_no_instruction + p_with_reference else "plain"
-        demo, info = _demo(rng, ex, variant, p_format, p_arg)
-        rows.append(make_row(ex, "sft", i, variant, demo, info))
+        text, info = demo(rng, ex, variant)
+        rows.append(row(ex, "sft", i, variant, text, info))
     splits["sft"] = rows
     return splits
 
@@ -302,31 +314,12 @@ def build_toolrl_splits(seed: int = 0, n_sft: int = 4000, n_train: int = 256, n_
                         p_with_reference: float = 0.25) -> dict[str, list[dict]]:
     """The ``toolrl`` splits (module docstring): ``len(TOOLS) * len(VALUES) * len(FRAMES)`` = 720 distinct
     prompts, test and train distinct, none in sft; the SFT variants as in :func:`build_splits`."""
-    for what, p in (("p_follow_call", p_follow_call), ("p_follow_response", p_follow_response), ("p_arg", p_arg),
-                    ("p_no_instruction", p_no_instruction), ("p_with_reference", p_with_reference)):
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"{what} must be in [0, 1], got {p}")
-    if p_no_instruction + p_with_reference > 1.0:
-        raise ValueError("p_no_instruction + p_with_reference must be at most 1")
+    _check({"p_follow_call": p_follow_call, "p_follow_response": p_follow_response, "p_arg": p_arg},
+           p_no_instruction, p_with_reference)
     pool = [{"tool": t, "value": v, "frame": f} for t in TOOLS for v in VALUES for f in FRAMES]
-    if n_train + n_test >= len(pool):
-        raise ValueError(f"n_train + n_test must be below {len(pool)} (the distinct prompts), got {n_train + n_test}")
-    rng = random.Random(f"format_speed:toolrl:{seed}:split")
-    rng.shuffle(pool)
-    held = {"test": pool[:n_test], "train": pool[n_test:n_test + n_train]}
-    sft_pool = pool[n_test + n_train:]
-    splits = {split: [make_toolrl_row(ex, split, i) for i, ex in enumerate(exs)] for split, exs in held.items()}
     follow = {"call": p_follow_call, "call_response": p_follow_response}
-    rng = random.Random(f"format_speed:toolrl:{seed}:sft")
-    rows = []
-    for i in range(n_sft):
-        ex = rng.choice(sft_pool)
-        u = rng.random()
-        variant = "no_instruction" if u < p_no_instruction else "with_reference" if u < p_no_instruction + p_with_reference else "plain"
-        demo, info = _toolrl_demo(rng, ex, variant, follow, p_arg)
-        rows.append(make_toolrl_row(ex, "sft", i, variant, demo, info))
-    splits["sft"] = rows
-    return splits
+    return _assemble(pool, f"format_speed:toolrl:{seed}", n_sft, n_train, n_test, p_no_instruction, p_with_reference,
+                     make_toolrl_row, lambda rng, ex, variant: _toolrl_demo(rng, ex, variant, follow, p_arg))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
