@@ -653,3 +653,18 @@ def test_the_grid_starts_only_after_the_gate_passes(tmp_path, monkeypatch, capsy
     assert cli.main(argv) == 0 and calls[0][2].tag == "toolrl-p32"
     assert cli.main(argv + ["--p-format", "0.5"]) == 2  # sets the other reward's demonstrations
     assert cli.main(argv[:2] + ["--prompts-per-step", "0"]) == 2
+
+
+def test_warm_start_encodes_the_toolrl_gold_answer(tmp_path, toolrl_splits):
+    from transformers import AutoTokenizer
+
+    from experiments.format_speed.warm_start import encode_examples
+    from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(tmp_path / "tok"))
+    rows = [to_plain(r) for r in toolrl_splits["sft"][:4]]
+    for (_, resp), r in zip(encode_examples(tok, rows, "gold"), rows):
+        assert resp[-1] == tok.eos_token_id and tok.decode(resp[:-1]) == r["reward_model"]["ground_truth"]["answer"]
+        assert len(resp) <= 36  # within the rollout's 40 tokens
+    for (_, resp), r in zip(encode_examples(tok, rows, "demo"), rows):
+        assert tok.decode(resp[:-1]) == r["extra_info"]["demo"]
