@@ -10,8 +10,9 @@
 # Two conditions (REWARD, PROMPTS_PER_STEP):
 #   REWARD=tool_calling PROMPTS_PER_STEP=4 (the default): the first grid, the control row set. The
 #     recipe's tool-calling verifier (correctness in [0, 1]); one frame, broken after the JSON object.
-#     Folders OUT/warm_start, OUT/runs, OUT/results.md; copied to DOCS. Its preflight does not pass the
-#     gate (q_format 3% on the closing position, 5% uniform): re-running its grid needs --ignore-gate.
+#     Folders OUT/warm_start, OUT/runs, OUT/results.md; copied to DOCS. Its preflight has not been run;
+#     in its runs' dumps q_format put 3% on the closing position (5% of the tokens), so it is not
+#     expected to pass the gate: re-running its grid then needs --ignore-gate.
 #   REWARD=toolrl PROMPTS_PER_STEP=32: the paper's conditions. ToolRL's rewards (format {0, 1},
 #     correctness [-3, 3]); the instruction names the layout (the call alone, or with a <response>
 #     block) and the warm start follows it 80% / 20% of the time. Folders OUT/toolrl-p32 (runs,

@@ -68,8 +68,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--preflight-prompts", type=int, default=64,
                     help="RL prompts (x 4 responses) the preflight samples from the warm start and replays (default 64)")
     ap.add_argument("--ignore-gate", action="store_true",
-                    help="run the grid even when the preflight's gate is not passed (the control condition, whose "
-                         "grid ran before the preflight existed, does not pass it)")
+                    help="run the grid even when the preflight's gate is not passed (e.g. to re-run the control "
+                         "condition, whose grid ran before the preflight existed)")
     ap.add_argument("--prepare-only", action="store_true", help="only build the data and the SFT models (no verl run)")
     ap.add_argument("--preflight-only", action="store_true", help="only the data, the warm start and the preflight")
     ap.add_argument("--analyse-only", action="store_true", help="only rebuild results.md and the plots")
