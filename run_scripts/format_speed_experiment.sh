@@ -27,7 +27,7 @@
 # Environment: SEEDS, STEPS (defaults: 0-5 and 12 for the control; 0-7 and 30 under REWARD=toolrl:
 # 30 steps leave the slowest method room to reach format 0.8, see docs/format_speed), METHODS, OUT, DOCS,
 # REWARD, PROMPTS_PER_STEP, MRTPO_HEAVY_LOCK. Each verl run holds the machine-wide lock
-# (/tmp/mrtpo-heavy.lock) while it runs, and so does the preflight; a control run needs ~11 GiB and
+# (/tmp/mrtpo-heavy.lock) while it runs, and so do the warm start and the preflight; a control run needs ~11 GiB and
 # ~5-6 min, a toolrl-p32 run the time docs/format_speed measures. Finished runs are kept, so re-running
 # resumes.
 set -euo pipefail

@@ -116,13 +116,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         raise ExperimentError(str(e)) from None
                     # other jobs may hold memory now; each run waits for the machine-wide lock anyway
                     log(f"{LOG_PREFIX} warning: {e}")
-            prepare_seed(wdir, args.warm_start_seed, args, log, cond)
+            # the warm start (~5-16 min of SFT unless cached) and the preflight hold the machine-wide lock as
+            # the verl runs do
+            lock = (lambda: heavy_lock(log=log)) if not args.no_lock else contextlib.nullcontext
+            with lock():
+                prepare_seed(wdir, args.warm_start_seed, args, log, cond)
             if args.prepare_only:
                 log(f"{LOG_PREFIX} prepared the data and the warm start under {wdir}")
                 return 0
-            # the preflight: does the replay put q_format where the frame is decided? (holds the lock: it
-            # loads and runs the model; minutes)
-            with heavy_lock(log=log) if not args.no_lock else contextlib.nullcontext():
+            # the preflight: does the replay put q_format where the frame is decided? (minutes)
+            with lock():
                 pre = run_preflight(wdir / "sft_model", wdir / "data" / "train.parquet", root, cond,
                                     prompts=args.preflight_prompts, seed=args.warm_start_seed, beta=args.beta, docs=docs,
                                     log=log)
