@@ -2,7 +2,8 @@
 GDPO, MRTPO and MRTPO+shuffle, through verl's real loop on CPU.
 
     python -m experiments.format_speed [--out outputs/format_speed] [--seeds 0 1 2 3 4 5] [--steps 12]
-        [--methods grpo gdpo mrtpo shuffle] [--docs docs/format_speed] [--prepare-only | --analyse-only]
+        [--methods grpo gdpo mrtpo shuffle] [--docs docs/format_speed] [--reward tool_calling|toolrl]
+        [--prompts-per-step 4] [--ignore-gate] [--prepare-only | --preflight-only | --analyse-only]
 
 (``bash run_scripts/format_speed_experiment.sh`` runs the setup first, then this.) Once, it
 
@@ -19,6 +20,16 @@ GDPO, MRTPO and MRTPO+shuffle, through verl's real loop on CPU.
 3. per seed, runs every method with ``python -m recipe.mrtpo.main_mrtpo`` (:mod:`.runs`; 4 prompts x 4 responses a
    step, relevance dumps of every step for the replay methods), each run holding the machine-wide lock.
 
+Under ``--reward toolrl`` the task is the one of ``data_prep.format_speed --reward toolrl`` (ToolRL's
+rewards, format {0, 1} and correctness [-3, 3], on the layout the instruction names; the warm start
+follows it 80% / 20% of the time) and ``--prompts-per-step`` sets the prompts a step (x 4 responses,
+responses up to 40 tokens). A condition other than the control (``tool_calling``, 4 prompts: the first
+grid, whose folders and run keys stay as they were) lives in ``OUT/<reward>-p<prompts>/``
+(:class:`.common.Condition`). Before the grid, :mod:`.preflight` samples the warm start on the first RL
+prompts, replays the samples as a training step does and measures q_format's share on the position
+where the frame is decided against that position's share of the tokens; the grid starts only when the
+share is above it (exit 3 otherwise; ``--ignore-gate`` runs it anyway).
+
 Then (:mod:`.results`) per method, mean and spread over seeds: the steps until the format reward's
 running mean first reaches ``--threshold``, the format rate after ``--after`` steps, the format and
 correctness curves, and from the replay runs' dumps the share of q_format on the tag tokens and the
@@ -29,5 +40,5 @@ has the sign of the format advantage (:mod:`.tokens` says which tokens are tag t
 the outputs.
 
 Modules: :mod:`.common`, :mod:`.warm_start`, :mod:`.runs`, :mod:`.tokens`, :mod:`.diagnostic`,
-:mod:`.results`, :mod:`.cli` (``main``).
+:mod:`.preflight`, :mod:`.results`, :mod:`.cli` (``main``).
 """

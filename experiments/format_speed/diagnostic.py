@@ -18,7 +18,8 @@ the share of q_format on the tag tokens and of q_correctness on the argument tok
 those tokens have of the response (what a uniform q scores). And at the *closing position* (the token
 where the closing tag has to begin, :func:`.tokens.token_roles`): the share of q_format there and the
 format credit each weighting keeps there (``close``: sign(A_format) x advantage / |A_format|, 1 for GDPO
-outside conflicts).
+outside conflicts); the same at the position after the closing tag (``after_close``: where the layout is
+decided when the instruction names it, ``data_prep.format_speed --reward toolrl``).
 
 Both weightings are computed on the same batch: GDPO runs write no relevance, so the diagnostic uses the
 dumps of the MRTPO runs and asks what each weighting would have done with them.
@@ -92,17 +93,18 @@ def dump_records(dump: dict, beta: float, special_ids: Optional[set] = None) -> 
                "format": float(dump["scores"][i][kf]), "correctness": float(dump["scores"][i][kc]),
                "A_format": a_f, "A_correctness": a_c,
                "conflict": _sign(a_f) != 0 and _sign(a_c) == -_sign(a_f)}
-        close = roles["close"]
+        close, after_close = roles["close"], roles["after_close"]
         if a_f != 0:
             for method in ("gdpo", "mrtpo"):
                 vals = [float(adv[method][i, t]) for t in tags]
                 rec[f"{method}_agree"] = sum(_sign(v, CANCEL_TOL * abs(a_f)) == _sign(a_f) for v in vals) / len(vals)
                 rec[f"{method}_signed"] = sum(_sign(a_f) * v for v in vals) / len(vals) / abs(a_f)
-                if close:
-                    rec[f"{method}_close"] = _sign(a_f) * float(adv[method][i, close[0]]) / abs(a_f)
+                for role, pos in (("close", close), ("after_close", after_close)):
+                    if pos:
+                        rec[f"{method}_{role}"] = _sign(a_f) * float(adv[method][i, pos[0]]) / abs(a_f)
         for k, name, pos in ((kf, "q_format_on_tag", tags), (kc, "q_correctness_on_arg", arg),
                              (kc, "q_correctness_on_tag", tags), (kf, "q_format_on_arg", arg),
-                             (kf, "q_format_on_close", close)):
+                             (kf, "q_format_on_close", close), (kf, "q_format_on_after_close", after_close)):
             if replayed is not None and not bool(torch.as_tensor(replayed)[i, k]):
                 continue
             q = rel[i, k, :valid]
@@ -111,17 +113,19 @@ def dump_records(dump: dict, beta: float, special_ids: Optional[set] = None) -> 
                 rec[name] = float(q[pos].sum()) / total
         rec["tag_share"] = len(tags) / valid
         rec["arg_share"] = len(arg) / valid
-        if close:
-            rec["close_share"] = 1 / valid
+        for role, pos in (("close", close), ("after_close", after_close)):
+            if pos:
+                rec[f"{role}_share"] = len(pos) / valid
         out.append(rec)
     return out
 
 
 #: the per-response keys averaged over the responses with a format advantage (and over the conflicts)
-SIGN_KEYS = ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close")
+SIGN_KEYS = ("gdpo_agree", "mrtpo_agree", "gdpo_signed", "mrtpo_signed", "gdpo_close", "mrtpo_close",
+             "gdpo_after_close", "mrtpo_after_close")
 #: the per-response keys averaged over every response (where q lies, and the shares of those tokens)
 Q_KEYS = ("q_format_on_tag", "q_format_on_arg", "q_correctness_on_arg", "q_correctness_on_tag", "tag_share", "arg_share",
-           "q_format_on_close", "close_share")
+           "q_format_on_close", "close_share", "q_format_on_after_close", "after_close_share")
 
 
 def summarise(records: Sequence[dict]) -> dict:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
-from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, ExperimentError
+from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, Condition, ExperimentError
 from experiments.format_speed.diagnostic import Q_KEYS, SIGN_KEYS, dump_records, summarise
 from recipe.mrtpo.tools.report.series import first_reach, mean_spread, permutation_p, reward_series
 from recipe.mrtpo.tools.verl_log import parse_console_log
@@ -191,9 +191,19 @@ def render_unfinished(per_run: dict) -> list[str]:
     return lines
 
 
+#: the deciding position's table per token role: (heading, what the position is)
+DECIDING_TITLES = {
+    "close": ("The closing position (the token where the closing tag has to begin, where most broken frames break; "
+              "same batches):"),
+    "after_close": ("The position after the closing tag (the end token or the line break of a <response> block: where "
+                    "the layout the instruction names is decided; same batches):"),
+}
+
+
 def render_results(table: dict, threshold: float, window: int, after_steps: int, steps: int, sft: dict,
-                   wall: dict, unfinished: Optional[list[str]] = None) -> str:
-    lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)", ""]
+                   wall: dict, unfinished: Optional[list[str]] = None, deciding: str = "close",
+                   responses_per_step: int = 16, title_suffix: str = "") -> str:
+    lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)" + title_suffix, ""]
     if sft:
         lines += ["The warm start every run starts from (held-out prompts, 4 samples each at T=1, scored by the "
                   "tool-calling verifier); the seeds of the runs vary the RL sampling:", ""]
@@ -223,7 +233,8 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
     lines += render_comparison(compare(table, steps), steps, after_steps)
     diag = [(m, r["diagnostic"]) for m, r in table.items() if r.get("diagnostic")]
     if diag:
-        lines += ["", "Localisation of the replay (relevance dumps of every step, all 16 responses; mean ± std over seeds):", "",
+        lines += ["", f"Localisation of the replay (relevance dumps of every step, all {responses_per_step} responses; mean ± std "
+                  "over seeds):", "",
                   "| run | responses | q_format on tag tokens | tag tokens' share | q_format on the argument | "
                   "q_correctness on the argument | argument's share | q_correctness on tag tokens |",
                   "| --- |" + " ---: |" * 7]
@@ -240,14 +251,14 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             lines.append(f"| {m} | {d['with_format_advantage']} | {d['conflicts']} | {_fmt(d['gdpo_agree'], True)} | "
                          f"{_fmt(d['mrtpo_agree'], True)} | {_fmt(c['gdpo_agree'], True)} | {_fmt(c['mrtpo_agree'], True)} | "
                          f"{_fmt(d['gdpo_signed'])} | {_fmt(d['mrtpo_signed'])} | {_fmt(c['gdpo_signed'])} | {_fmt(c['mrtpo_signed'])} |")
-        lines += ["", "The closing position (the token where the closing tag has to begin, where most broken frames break; "
-                  "same batches):", "",
+        r = deciding
+        lines += ["", DECIDING_TITLES[r], "",
                   "| dumps of | q_format there | its share of the tokens | format credit kept there: GDPO | MRTPO "
                   "| same, conflicts: GDPO | MRTPO |", "| --- |" + " ---: |" * 6]
         for m, d in diag:
             c = d["conflict"]
-            lines.append(f"| {m} | {_fmt(d['q_format_on_close'], True)} | {_fmt(d['close_share'], True)} | "
-                         f"{_fmt(d['gdpo_close'])} | {_fmt(d['mrtpo_close'])} | {_fmt(c['gdpo_close'])} | {_fmt(c['mrtpo_close'])} |")
+            lines.append(f"| {m} | {_fmt(d[f'q_format_on_{r}'], True)} | {_fmt(d[f'{r}_share'], True)} | "
+                         f"{_fmt(d[f'gdpo_{r}'])} | {_fmt(d[f'mrtpo_{r}'])} | {_fmt(c[f'gdpo_{r}'])} | {_fmt(c[f'mrtpo_{r}'])} |")
     lines += unfinished or []
     if wall:
         total = sum(v for v in wall.values() if v)
@@ -256,7 +267,7 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
     lines += [
         "",
         f"Steps to format ≥ {threshold:g}: the first step at which the mean of the last {window} batch format rates "
-        f"(16 responses each) reaches {threshold:g}; mean over the seeds that reached it (k/n when not all did; "
+        f"({responses_per_step} responses each) reaches {threshold:g}; mean over the seeds that reached it (k/n when not all did; "
         f"'≥ x over all' counts a seed that never reached it as {steps + 1}). Format after {after_steps} steps: the "
         f"format rate of the batch of step {after_steps + 1}, the first one sampled after {after_steps} updates. "
         f"Start / final: mean of the first / last {window} batches. Mean ± sample std over seeds. Tag tokens: every "
@@ -269,7 +280,8 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
     return "\n".join(lines) + "\n"
 
 
-def plot_curves(per_run: dict, methods: Sequence[str], seeds: Sequence[int], threshold: float, path: Path) -> None:
+def plot_curves(per_run: dict, methods: Sequence[str], seeds: Sequence[int], threshold: float, path: Path,
+                correctness_range: tuple[float, float] = (0, 1.02)) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.8), dpi=110, layout="constrained")
@@ -298,7 +310,7 @@ def plot_curves(per_run: dict, methods: Sequence[str], seeds: Sequence[int], thr
             ax.axhline(threshold, color="0.4", ls="--", lw=1)
         ax.set_title(f"{reward} (batch mean; mean ± std over seeds)", fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylim(0, 1.02)
+        ax.set_ylim(*((0, 1.02) if reward == FORMAT else correctness_range))
         ax.legend(fontsize=8)
     fig.savefig(path)
 
@@ -332,9 +344,12 @@ def plot_diagnostic(table: dict, path: Path) -> None:
 
 
 def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: float, window: int, after_steps: int,
-            steps: int, beta: float, docs: Optional[Path] = None, log: Callable[[str], None] = print) -> dict:
+            steps: int, beta: float, docs: Optional[Path] = None, log: Callable[[str], None] = print,
+            condition: Optional[Condition] = None, warm_start: Optional[Path] = None) -> dict:
     """Read every run under ``out/runs``; write results.md, results.json, curves.png and diagnostic.png to
-    ``out`` (and copy them to ``docs`` when given)."""
+    ``out`` (and copy them to ``docs`` when given). ``condition`` (default the control) names the
+    deciding position's table; ``warm_start`` the folder of the warm start (default ``out/warm_start``)."""
+    cond = condition or Condition()
     per_run = {}
     for method in methods:
         for seed in seeds:
@@ -345,12 +360,14 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
         raise ExperimentError(f"no runs under {out / 'runs'}")
     table = build_table(per_run, methods, seeds, steps)
     sft = {}
-    p = out / "warm_start" / "sft_model" / "sft_meta.json"
+    p = Path(warm_start or out / "warm_start") / "sft_model" / "sft_meta.json"
     if p.is_file():
         meta = json.loads(p.read_text())
         sft[str(meta.get("seed", 0))] = meta
     wall = {f"{m}_seed{s}": e["wall_s"] for (m, s), e in per_run.items() if e["ok"]}
-    md = render_results(table, threshold, window, after_steps, steps, sft, wall, render_unfinished(per_run))
+    md = render_results(table, threshold, window, after_steps, steps, sft, wall, render_unfinished(per_run),
+                        deciding=cond.deciding, responses_per_step=cond.responses_per_step,
+                        title_suffix="" if cond.control else f": {cond.reward}, {cond.prompts_per_step} prompts a step")
     (out / "results.md").write_text(md)
 
     def finite(o):
@@ -366,7 +383,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
                "comparison": compare(table, steps),
                "runs": {f"{m}_seed{s}": e for (m, s), e in per_run.items()}, "sft": sft}
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, default=str))
-    for name, fn in (("curves.png", lambda p: plot_curves(per_run, methods, seeds, threshold, p)),
+    c_range = (0, 1.02) if cond.reward == "tool_calling" else (-3.05, 3.05)  # ToolRL's correctness is in [-3, 3]
+    for name, fn in (("curves.png", lambda p: plot_curves(per_run, methods, seeds, threshold, p, c_range)),
                      ("diagnostic.png", lambda p: plot_diagnostic(table, p))):
         try:
             fn(out / name)

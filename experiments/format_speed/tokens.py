@@ -1,6 +1,7 @@
 """Which response tokens carry the format and which the argument.
 
-A response of the task is ``<tool_call>\\n{"name": ..., "arguments": {"<arg>": <value>}}`` followed by the
+A response of the task is ``<tool_call>\\n{"name": ..., "arguments": {"<arg>": <value>}}`` (``parameters``
+under ToolRL's rewards, after a ``<think> </think>`` block) followed by the
 closing tag (or, broken, by nothing, ``</tool>``, a stray ``}`` or text after the block), then the end
 token. :func:`call_spans` finds, with the JSON decoder, the character span of the call's JSON object and
 of the argument's value; :func:`token_roles` maps them to token positions:
@@ -14,6 +15,10 @@ of the argument's value; :func:`token_roles` maps them to token positions:
   after it), where the closing tag has to begin: ``</tool_call>`` in a good frame, ``</``, ``}``, the end
   token in a broken one. It is where most broken frames break (only text after a closed block breaks
   later); the tokens after it follow from what was sampled there.
+- **the position after the closing tag**: the first token that starts after the first ``</tool_call>``
+  behind the object (the end token, or the line break that opens a ``<response>`` block): where the
+  layout that ToolRL's format reward asks for is decided when the instruction names it
+  (``data_prep.format_speed --reward toolrl``); empty when the block is not closed.
 
 The text is rebuilt from the per-token strings of a relevance dump with special tokens as empty strings,
 as the reward manager decodes (``skip_special_tokens=True``).
@@ -26,8 +31,8 @@ import re
 from collections.abc import Sequence
 from typing import Optional
 
-_OPEN = "<tool_call>"
-_ARG_VALUE = re.compile(r'"arguments"\s*:\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_ARG_VALUE = re.compile(r'"(?:arguments|parameters)"\s*:\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 
 def _special_ids() -> set[int]:
@@ -66,7 +71,8 @@ def call_spans(text: str) -> Optional[dict]:
 
 def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: int,
                 special_ids: Optional[set] = None) -> Optional[dict]:
-    """``{"tag": [positions], "argument": [positions], "close": [position] or []}`` of the first ``valid``
+    """``{"tag": [positions], "argument": [positions], "close": [position] or [], "after_close": [position] or []}``
+    of the first ``valid``
     tokens (see the module docstring), or ``None`` when the response holds no decodable call (nothing to
     attribute)."""
     special = _special_ids() if special_ids is None else special_ids
@@ -83,10 +89,12 @@ def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: i
     lo, hi = spans["object"]
     after = hi + 1 if text[hi:hi + 1] == "\n" else hi
     close = next(([t] for t in range(valid) if starts[t] >= after), [])
+    shut = text.find(_CLOSE, hi)
+    after_close = [] if shut < 0 else next(([t] for t in range(valid) if starts[t] >= shut + len(_CLOSE)), [])
     tag = [t for t in range(valid)
            if (pieces[t] and (starts[t] < lo or starts[t] + len(pieces[t]) > hi)) or (not pieces[t] and starts[t] >= hi)]
     arg = []
     if spans["value"] is not None:
         vlo, vhi = spans["value"]
         arg = [t for t in range(valid) if pieces[t] and starts[t] < vhi and starts[t] + len(pieces[t]) > vlo]
-    return {"tag": tag, "argument": arg, "close": close}
+    return {"tag": tag, "argument": arg, "close": close, "after_close": after_close}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Optional
 
 from experiments.format_speed.common import LOG_PREFIX, ExperimentError
 from experiments.mini_credit.warm_start import SFTConfig, _chat_ids, cached_sft
@@ -22,7 +23,9 @@ _SFT_KEY_FILE = ".format-speed-sft-key"
 
 def encode_examples(tokenizer, rows: Sequence[dict], target: str = "demo") -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids + EOS) per row; the response is ``extra_info["demo"]`` (``target="demo"``)
-    or the verifier's rendering of the reference call (``target="gold"``)."""
+    or the gold answer (``target="gold"``): the verifier's rendering of the reference call, or under
+    ToolRL's rewards the reference answer in the layout the instruction names."""
+    from recipe.mrtpo.tasks import to_plain
     from recipe.mrtpo.tasks.tool_calling import parse_ground_truth, render_tool_calls
 
     if target not in ("demo", "gold"):
@@ -36,6 +39,8 @@ def encode_examples(tokenizer, rows: Sequence[dict], target: str = "demo") -> li
             text = (r.get("extra_info") or {}).get("demo")
             if not isinstance(text, str) or not text:
                 raise ExperimentError(f"SFT row without extra_info['demo']: {r!r:.200}")
+        elif r.get("data_source") == "toolrl":
+            text = to_plain(r["reward_model"]["ground_truth"])["answer"]
         else:
             calls, _ = parse_ground_truth(r["reward_model"]["ground_truth"])
             text = render_tool_calls(calls)
@@ -43,15 +48,28 @@ def encode_examples(tokenizer, rows: Sequence[dict], target: str = "demo") -> li
     return out
 
 
-def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4, max_new_tokens: int = 24,
+#: the correctness of a right call, per data_source (what ``exact`` counts)
+CORRECT_MAX = {"tool_calling": 1.0, "toolrl": 3.0}
+#: the response length each task's rollout allows (the toolrl answer with its response block is 35 tokens)
+MAX_NEW_TOKENS = {"tool_calling": 24, "toolrl": 40}
+
+
+def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4, max_new_tokens: Optional[int] = None,
                         seed: int = 0) -> dict:
     """Format rate, mean correctness and exact-argument rate of ``model`` sampled at temperature 1 on
-    ``rows``, scored by :func:`recipe.mrtpo.tasks.tool_calling.score`."""
+    ``rows``, scored by the rows' verifier (``data_source``: ``tool_calling`` or ``toolrl``);
+    ``max_new_tokens`` defaults to the task's :data:`MAX_NEW_TOKENS`."""
     import torch
 
     from recipe.mrtpo.cpu.tiny_model import EOS_TOKEN_IDS
-    from recipe.mrtpo.tasks.tool_calling import score
+    from recipe.mrtpo.tasks import get_task, to_plain
 
+    sources = {r.get("data_source", "tool_calling") for r in rows}
+    if len(sources) != 1 or not sources <= set(CORRECT_MAX):
+        raise ExperimentError(f"evaluation rows must all be tool_calling or all toolrl, got {sorted(sources)}")
+    source = sources.pop()
+    score, top = get_task(source), CORRECT_MAX[source]
+    max_new_tokens = MAX_NEW_TOKENS[source] if max_new_tokens is None else max_new_tokens
     fmt, corr, examples = [], [], []
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -63,14 +81,14 @@ def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_TOKEN_IDS)
             for o in out:
                 text = tokenizer.decode(o[prompt.shape[1]:], skip_special_tokens=True)
-                res = score(text, r["reward_model"]["ground_truth"], r.get("extra_info"))
+                res = score(text, to_plain(r["reward_model"]["ground_truth"]), to_plain(r.get("extra_info")))
                 fmt.append(res.scores["format"])
                 corr.append(res.scores["correctness"])
                 if len(examples) < 6:
                     examples.append((r["prompt"][0]["content"], text))
     n = len(fmt)
     return {"format": sum(fmt) / n if n else float("nan"), "correctness": sum(corr) / n if n else float("nan"),
-            "exact": sum(c >= 1.0 for c in corr) / n if n else float("nan"), "n": n, "examples": examples}
+            "exact": sum(c >= top for c in corr) / n if n else float("nan"), "n": n, "examples": examples}
 
 
 def sft_warm_start(base_model: Path, sft_parquet: Path, test_parquet: Path, out_dir: Path, cfg: SFTConfig,

@@ -5,7 +5,10 @@
   argument right at the asked rate, independently), the SFT variants that teach each Z_k;
 - the tag and argument token positions (``experiments.format_speed.tokens``);
 - the sign diagnostic and the localisation shares on a hand-made relevance dump (``.diagnostic``);
-- the analysis table from fake runs (``.results``), the run overrides and the machine-wide lock (``.runs``).
+- the analysis table from fake runs (``.results``), the run overrides and the machine-wide lock (``.runs``);
+- the ToolRL condition: its data (the layout the instruction names, followed only part of the time), the
+  position after the closing tag, the conditions' folders and run keys, the preflight's replay on a tiny
+  model and its gate (passes / stops the grid).
 """
 
 from __future__ import annotations
@@ -129,8 +132,9 @@ def _ids(tokens):
 
 def test_token_roles():
     roles = token_roles(_ids(GOOD), GOOD, len(GOOD))
-    assert roles == {"tag": [0, 1, 18, 19, 20], "argument": [16, 17], "close": [19]}  # </tool_call>
-    assert token_roles(_ids(NO_CLOSE), NO_CLOSE, len(NO_CLOSE)) == {"tag": [0, 1, 19], "argument": [16, 17], "close": [19]}
+    assert roles == {"tag": [0, 1, 18, 19, 20], "argument": [16, 17], "close": [19], "after_close": [20]}  # </tool_call>, end
+    assert token_roles(_ids(NO_CLOSE), NO_CLOSE, len(NO_CLOSE)) == {"tag": [0, 1, 19], "argument": [16, 17], "close": [19],
+                                                                    "after_close": []}  # never closed
     assert token_roles(_ids(GARBLED), GARBLED, len(GARBLED))["tag"] == [0, 1, 18, 19, 20, 21, 22]
     assert token_roles(_ids(GARBLED), GARBLED, len(GARBLED))["close"] == [19]  # </ (then tool>)
     stray = GOOD[:18] + ["}}", "}\n", "</tool_call>", "<|im_end|>"]
@@ -401,3 +405,266 @@ def test_prepare_seed_warm_starts_once_and_then_is_cached(tmp_path):
     lines.clear()
     assert json.loads(json.dumps(prepare_seed(tmp_path / "ws", 0, args, log=lines.append))) == json.loads(json.dumps(meta))
     assert any("SFT model cached" in m for m in lines)
+
+
+# ------------------------------------------------------------------------------------- ToolRL condition
+
+
+@pytest.fixture(scope="module")
+def toolrl_splits():
+    return builder.build_toolrl_splits(seed=3, n_sft=2000, n_train=64, n_test=32)
+
+
+def test_toolrl_rows_name_the_layout_and_are_scored_by_toolrl(toolrl_splits):
+    from recipe.mrtpo.tasks.toolrl import score as toolrl_score
+
+    key = lambda r: r["prompt"][0]["content"]  # noqa: E731
+    test, train = ({key(r) for r in toolrl_splits[s]} for s in ("test", "train"))
+    assert len(test) == 32 and len(train) == 64 and not test & train
+    assert not (test | train) & {key(r) for r in toolrl_splits["sft"]}
+    frames = [r["extra_info"]["frame"] for r in toolrl_splits["train"]]
+    assert set(frames) == set(builder.FRAMES) and 0.3 < frames.count("call") / len(frames) < 0.7
+    for r in toolrl_splits["train"] + toolrl_splits["test"]:
+        info, gt = r["extra_info"], to_plain(r["reward_model"]["ground_truth"])
+        assert r["data_source"] == "toolrl" and info["variant"] == "plain"
+        assert info["format_instruction"] == builder.FRAMES[info["frame"]] and info["format_instruction"] in key(r)
+        name, arg, value = _call(r)
+        right = toolrl_score(builder.toolrl_answer(name, arg, value, info["frame"]), gt, info)
+        assert right.scores == {"format": 1.0, "correctness": 3.0}
+        other = next(f for f in builder.FRAMES if f != info["frame"])
+        # the other layout costs format only; Z_format is the instruction, Z_correctness the reference block
+        assert toolrl_score(builder.toolrl_answer(name, arg, value, other), gt, info).scores == {"format": 0.0, "correctness": 3.0}
+        assert toolrl_score(builder.toolrl_answer(name, arg, value + 1, info["frame"]), gt, info).scores["correctness"] == 1.0
+        assert right.contexts["format"].text == info["format_instruction"] and right.contexts["format"].placement == "prompt"
+        assert right.contexts["correctness"].text == builder.toolrl_reference_block(name, arg, value)
+
+
+def test_toolrl_demonstrations_follow_the_instruction_only_part_of_the_time(toolrl_splits):
+    from recipe.mrtpo.core.prompt_variants import append_to_last_user, remove_from_messages, verifier_block
+    from recipe.mrtpo.tasks.toolrl import score as toolrl_score
+
+    follows: dict = {"call": [], "call_response": []}
+    for r in toolrl_splits["sft"]:
+        info, gt = r["extra_info"], to_plain(r["reward_model"]["ground_truth"])
+        res = toolrl_score(info["demo"], gt, info)
+        assert res.scores["format"] == float(info["demo_frame"] == info["frame"]) == float(info["demo_follows"])
+        assert res.scores["correctness"] == (3.0 if info["demo_arg_right"] else 1.0)
+        name, arg, value = _call(r)
+        tool = next(t for t in builder.TOOLS if t[0] == name)
+        plain = " ".join([builder.FRAMES[info["frame"]], f"Tool: {name}({arg}: integer).", tool[2].format(v=value)])
+        if info["variant"] == "no_instruction":  # P_minus_format of the plain prompt: the default layout
+            assert r["prompt"] == remove_from_messages([{"role": "user", "content": plain}], info["format_instruction"])
+            assert info["demo_frame"] == builder.DEFAULT_FRAME
+            continue
+        if info["variant"] == "with_reference":  # P_all of the plain prompt
+            block = verifier_block([("correctness", builder.toolrl_reference_block(name, arg, value))])
+            assert r["prompt"] == append_to_last_user([{"role": "user", "content": plain}], block)
+            assert info["demo_arg_right"]
+        follows[info["frame"]].append(info["demo_follows"])
+    # the errors depend on the instruction: the default layout followed 80% of the time, the response block 20%
+    assert abs(sum(follows["call"]) / len(follows["call"]) - builder.P_FOLLOW_CALL) < 0.06
+    assert abs(sum(follows["call_response"]) / len(follows["call_response"]) - builder.P_FOLLOW_RESPONSE) < 0.06
+
+
+def test_builder_reward_option(tmp_path, capsys):
+    assert builder.main(["--out-dir", str(tmp_path / "a"), "--reward", "toolrl", "--n-sft", "40"]) == 0
+    rows = [to_plain(r) for r in __import__("data_prep.common", fromlist=["x"]).read_parquet_rows(tmp_path / "a" / "train.parquet")]
+    assert len(rows) == 256 and {r["data_source"] for r in rows} == {"toolrl"}
+    # each option sets one reward's demonstrations: a clear error, never a setting that does nothing
+    assert builder.main(["--out-dir", str(tmp_path / "b"), "--p-follow-call", "0.5"]) == 2
+    assert builder.main(["--out-dir", str(tmp_path / "b"), "--reward", "toolrl", "--p-format", "0.5"]) == 2
+    assert "--p-follow" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="p_follow_response"):
+        builder.build_toolrl_splits(p_follow_response=2.0)
+    with pytest.raises(ValueError, match="frame"):
+        builder.toolrl_answer("f", "x", 1, "nope")
+
+
+def _toolrl_tokens(layout: str) -> list[str]:
+    """A ToolRL-format response as Qwen2 splits it (the call alone, or with the response block)."""
+    head = ["<th", "ink", ">", " </", "think", ">\n", "<tool_call>", "\n", '{"', "name", '":', ' "', "set", "_timer", '",',
+            ' "', "parameters", '":', ' {"', "minutes", '":', " ", "2", "7", "}}\n", "</tool_call>"]
+    tail = ["\n", "<", "response", ">", " Done", " </", "response", ">"] if layout == "call_response" else []
+    return head + tail + ["<|im_end|>"]
+
+
+def test_token_roles_of_the_toolrl_layouts():
+    call, resp = _toolrl_tokens("call"), _toolrl_tokens("call_response")
+    for toks in (call, resp):
+        assert "".join(t for t in toks if t != "<|im_end|>").startswith("<think> </think>\n<tool_call>")
+        roles = token_roles(_ids(toks), toks, len(toks))
+        assert roles["argument"] == [22, 23]  # "parameters" is read like "arguments"
+        assert roles["close"] == [25] and roles["after_close"] == [26]  # the end token, or the response's line break
+        assert roles["tag"][:8] == [0, 1, 2, 3, 4, 5, 6, 7] and 26 in roles["tag"]
+    assert token_roles(_ids(call), call, 26)["after_close"] == []  # cut right after </tool_call>
+
+
+def _deciding_q(responses, T, on: str):
+    """q_format all on the ``on`` role (plus a little elsewhere), q_correctness on the argument."""
+    rel = torch.full((len(responses), 2, T), 0.01)
+    for i, r in enumerate(responses):
+        roles = token_roles(_ids(r), r, len(r))
+        rel[i, 0, roles[on]] = 1.0
+        rel[i, 1, roles["argument"]] = 0.5
+        rel[i, :, len(r):] = 0
+    return rel
+
+
+def test_preflight_gate_passes_and_stops_on_constructed_dumps():
+    from experiments.format_speed.preflight import gate
+
+    # one group: the layout named (format 1) or not (format 0), argument right (3) or wrong (1)
+    responses = [_toolrl_tokens("call"), _toolrl_tokens("call_response"), _toolrl_tokens("call"), _toolrl_tokens("call_response")]
+    scores = [[1, 1], [0, 3], [1, 3], [0, 1]]
+    T = max(len(r) for r in responses)
+    on_decide = summarise(dump_records(_dump(responses, scores, _deciding_q(responses, T, "after_close")), 0.5))
+    g = gate(on_decide, "after_close")
+    assert g["passed"] and g["q"] > 0.5 and g["share"] == pytest.approx((1 / 27 + 1 / 35) / 2, rel=1e-6)
+    assert "above" in g["reason"]
+    # the same mass on the closing tag instead: nothing on the deciding position beyond the noise
+    elsewhere = summarise(dump_records(_dump(responses, scores, _deciding_q(responses, T, "close")), 0.5))
+    g = gate(elsewhere, "after_close")
+    assert not g["passed"] and g["q"] < g["share"] and "not above" in g["reason"]
+    # a uniform q is exactly the share: not above it
+    flat = torch.ones(4, 2, T)
+    for i, r in enumerate(responses):
+        flat[i, :, len(r):] = 0
+    g = gate(summarise(dump_records(_dump(responses, scores, flat), 0.5)), "after_close")
+    assert not g["passed"] and g["q"] == pytest.approx(g["share"])
+    # nothing measured (no replayed format pair): stops
+    assert not gate(summarise([]), "after_close")["passed"]
+
+
+def test_preflight_replays_a_batch_through_the_recipe(tmp_path):
+    """sample_batch's layout replayed by replay_batch on a tiny random Qwen2 gives a dump the diagnostic reads:
+    q only where the pair is replayed, a record per decodable response with the deciding position's shares."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from experiments.format_speed.preflight import render_preflight, replay_batch
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+    from recipe.mrtpo.tasks.toolrl import score as toolrl_score
+
+    path = build_tiny_qwen2(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows = builder.build_toolrl_splits(seed=0, n_sft=8, n_train=2, n_test=2)["train"]
+    texts, scores, uid, contexts, messages = [], [], [], [], []
+    for g, r in enumerate(rows):
+        name, arg, value = _call(r)
+        info, gt = r["extra_info"], to_plain(r["reward_model"]["ground_truth"])
+        for frame, v in (("call", value), ("call_response", value), ("call", value + 1), ("call_response", value + 1)):
+            text = builder.toolrl_answer(name, arg, v, frame)
+            res = toolrl_score(text, gt, info)
+            texts.append(text)
+            scores.append([res.scores["format"], res.scores["correctness"]])
+            contexts.append({k: {"text": c.text, "placement": c.placement} for k, c in res.contexts.items()})
+            uid.append(f"g{g}")
+            messages.append(list(r["prompt"]))
+    ids = [tok.encode(t) + [tok.eos_token_id] for t in texts]
+    T = max(map(len, ids))
+    responses = torch.full((len(ids), T), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(ids), T, dtype=torch.long)
+    for i, x in enumerate(ids):
+        responses[i, :len(x)], mask[i, :len(x)] = torch.tensor(x), 1
+    batch = {"responses": responses, "response_mask": mask, "uid": uid, "scores": torch.tensor(scores),
+             "reward_names": ["format", "correctness"], "contexts": contexts, "messages": messages}
+    dump = replay_batch(model, tok, batch)
+    assert dump["pairs_replayed"] == 2 * len(ids) and not dump["fallbacks"]  # both rewards vary in both groups
+    assert dump["relevance"].shape == (8, 2, T) and bool((dump["relevance"][mask.bool().unsqueeze(1).expand(-1, 2, -1)] >= 0).all())
+    assert float(dump["relevance"][:, 0].sum()) > 0 and float((dump["relevance"] * (1 - mask.unsqueeze(1))).abs().sum()) == 0
+    recs = dump_records(dump, 0.5)
+    assert len(recs) == 8 and all("q_format_on_after_close" in r and "after_close_share" in r for r in recs)
+    s = summarise(recs)
+    from experiments.format_speed.preflight import gate
+
+    result = {"summary": s, "gate": gate(s, "after_close"), "prompts": 2, "responses": 8, "format_rate": 0.5,
+              "correctness_mean": 2.0, "pairs_replayed": dump["pairs_replayed"], "fallbacks": {}, "wall_s": 1.0,
+              "condition": {"reward": "toolrl", "prompts_per_step": 32, "deciding": "after_close"}}
+    md = render_preflight(result)
+    assert "| position after the closing tag **(deciding)** |" in md and "Gate: " in md
+
+
+def test_conditions_keep_the_control_and_separate_the_new_runs(tmp_path):
+    from experiments.format_speed.common import Condition
+    from experiments.mini_credit.runs import method_overrides
+
+    control, new = Condition(), Condition("toolrl", 32)
+    assert control.control and control.tag == "" and control.root(tmp_path) == tmp_path
+    assert control.warm_start_dir(tmp_path) == tmp_path / "warm_start" and control.deciding == "close"
+    assert new.tag == "toolrl-p32" and new.root(tmp_path) == tmp_path / "toolrl-p32"
+    assert new.warm_start_dir(tmp_path) == tmp_path / "warm_start-toolrl" and new.deciding == "after_close"
+    assert Condition("tool_calling", 32).root(tmp_path) == tmp_path / "tool_calling-p32"
+    with pytest.raises(Exception, match="unknown reward"):
+        Condition("nope")
+    args = (tmp_path / "m", tmp_path / "d.parquet", tmp_path / "r", 2, 15, 1e-3, 0.5, 1)
+    # the control's overrides (hence its run keys) are those its stored runs were measured with
+    legacy = [o if not o.startswith("trainer.project_name=") else "trainer.project_name=mrtpo_format_speed"
+              for o in method_overrides("mrtpo", *args)]
+    assert run_overrides("mrtpo", *args) == run_overrides("mrtpo", *args, condition=control) == legacy
+    ov = run_overrides("mrtpo", *args, condition=new)
+    assert len(ov) == len(legacy) and len({o.split("=", 1)[0] for o in ov}) == len(ov)
+    for o in ("data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.max_response_length=40",
+              "mrtpo.dump.max_samples=128", "actor_rollout_ref.rollout.n=4"):
+        assert o in ov
+    assert "data.train_batch_size=32" in run_overrides("gdpo", *args, condition=new)
+
+
+def test_run_keys_distinguish_the_conditions(tmp_path, monkeypatch):
+    from experiments.format_speed import runs
+    from experiments.format_speed.common import Condition
+
+    seen = []
+    monkeypatch.setattr(runs, "run_verl", lambda method, seed, ov, model, run_dir, *a, **k: seen.append((run_dir, ov)) or {})
+    for cond in (Condition(), Condition("toolrl", 32)):
+        runs.run_method("gdpo", 0, tmp_path / "m", tmp_path / "d", cond.root(tmp_path) / "runs", 3, 1e-3, 0.5, 1, 60,
+                        "tiny", lock=False, condition=cond)
+    (d0, ov0), (d1, ov1) = seen
+    assert d0 == tmp_path / "runs" / "gdpo_seed0" and d1 == tmp_path / "toolrl-p32" / "runs" / "gdpo_seed0"
+    assert ov0 != ov1  # different overrides: different keys (run_verl hashes them with the weights)
+
+
+def test_the_grid_starts_only_after_the_gate_passes(tmp_path, monkeypatch, capsys):
+    from experiments.format_speed import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "prepare_seed", lambda *a, **k: {})
+    monkeypatch.setattr(cli, "run_method", lambda method, seed, *a, **k: calls.append((method, seed, k["condition"])))
+    monkeypatch.setattr(cli, "analyse", lambda root, *a, **k: (root.mkdir(parents=True, exist_ok=True),
+                                                               (root / "results.md").write_text("t\n"), {"runs": {}})[2])
+    import recipe.mrtpo.cpu.quickstart as qs
+
+    monkeypatch.setattr(qs, "preflight", lambda out: None)
+
+    def fake_preflight(passed):
+        def run(model, data, root, cond, **k):
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "preflight.md").write_text("table\n")
+            return {"gate": {"passed": passed, "reason": "q 1% vs 5%"}}
+        return run
+
+    argv = ["--out", str(tmp_path), "--reward", "toolrl", "--prompts-per-step", "32", "--seeds", "0", "--methods", "gdpo",
+            "--no-lock"]
+    monkeypatch.setattr(cli, "run_preflight", fake_preflight(False))
+    assert cli.main(argv) == 3 and not calls and "STOP" in capsys.readouterr().err
+    assert cli.main(argv + ["--preflight-only"]) == 3
+    assert cli.main(argv + ["--ignore-gate"]) == 0 and calls[-1][:2] == ("gdpo", 0)
+    calls.clear()
+    monkeypatch.setattr(cli, "run_preflight", fake_preflight(True))
+    assert cli.main(argv) == 0 and calls[0][2].tag == "toolrl-p32"
+    assert cli.main(argv + ["--p-format", "0.5"]) == 2  # sets the other reward's demonstrations
+    assert cli.main(argv[:2] + ["--prompts-per-step", "0"]) == 2
+
+
+def test_warm_start_encodes_the_toolrl_gold_answer(tmp_path, toolrl_splits):
+    from transformers import AutoTokenizer
+
+    from experiments.format_speed.warm_start import encode_examples
+    from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(tmp_path / "tok"))
+    rows = [to_plain(r) for r in toolrl_splits["sft"][:4]]
+    for (_, resp), r in zip(encode_examples(tok, rows, "gold"), rows):
+        assert resp[-1] == tok.eos_token_id and tok.decode(resp[:-1]) == r["reward_model"]["ground_truth"]["answer"]
+        assert len(resp) <= 36  # within the rollout's 40 tokens
+    for (_, resp), r in zip(encode_examples(tok, rows, "demo"), rows):
+        assert tok.decode(resp[:-1]) == r["extra_info"]["demo"]
