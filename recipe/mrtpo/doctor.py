@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
 PYTHON_RANGE = ((3, 10), (3, 12))  # verl 0.9.1's GPU stack (vLLM 0.24, torch 2.11 wheels)
 VERL_VERSION = "0.9.1"
+# installed apart from requirements-gpu.txt (README): flash-attn built against its torch, bfcl-eval --no-deps
+APART = {"flash-attn": "2.8.3", "bfcl-eval": "2026.3.23"}
 
 # (label, distributions tried in order, needed on every node, needed on a GPU node)
 PACKAGES = [
@@ -94,8 +96,8 @@ def package_lines(gpu: bool, pins: dict[str, str]) -> list[Line]:
     lines = []
     for label, dists, always, on_gpu in PACKAGES:
         dist, ver = installed(dists)
-        pin = pins.get(label.lower())
-        want = f"GPU pin {pin}" if pin else ("GPU: pip install --no-deps" if label == "bfcl-eval" else "GPU: see README")
+        pin = pins.get(label.lower()) or APART.get(label)
+        want = f"GPU pin {pin}" if pin else "not in requirements-gpu.txt"
         counts = always or (gpu and on_gpu)
         if ver is None:
             lines.append(Line("MISSING" if counts else "lacks", label, f"not installed ({want})", counts))
