@@ -56,7 +56,7 @@ def build_model(args, dtype: torch.dtype):
     return model
 
 
-def forward_response_logits(fwd, seqs: list[torch.Tensor], n_resp: int, index: int) -> torch.Tensor:
+def forward_response_logits(fwd, seqs: list[torch.Tensor], n_resp: int, index: int, device: str = "cpu") -> torch.Tensor:
     """Logits [n_resp, V] predicting the last ``n_resp`` tokens of ``seqs[index]``, all ``seqs`` left-padded in one forward."""
     L = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), L, dtype=torch.long)
@@ -66,48 +66,54 @@ def forward_response_logits(fwd, seqs: list[torch.Tensor], n_resp: int, index: i
         attn[b, L - len(s):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        logits = fwd(ids, attn, pos, n_resp + 1)
+        logits = fwd(ids.to(device), attn.to(device), pos.to(device), n_resp + 1)
     return logits[index, :n_resp]
 
 
-def measure(args, dtype_name: str) -> dict:
-    dtype = DTYPES[dtype_name]
-    model = build_model(args, dtype)
-    fwd = hf_forward(model)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    R, P, T = args.rows, args.prompt_len, args.response_len
-    prompts = torch.randint(0, args.vocab, (R, P), generator=g)
-    responses = torch.randint(0, args.vocab, (R, T), generator=g)
-    neighbour = torch.randint(0, args.vocab, (args.neighbour_len,), generator=g)
-    mask = torch.ones(1, T)
-    lo = (P - args.cut) // 2
+def noise_floor(fwd, vocab: int, rows: int, prompt_len: int, response_len: int, neighbour_len: int, cut: int,
+                beta: float, seed: int = 0, device: str = "cpu") -> dict:
+    """The floor and the real variant's q, |dq| and |dw| on ``rows`` random sequences (module docstring)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    R, P, T = rows, prompt_len, response_len
+    prompts = torch.randint(0, vocab, (R, P), generator=g)
+    responses = torch.randint(0, vocab, (R, T), generator=g)
+    neighbour = torch.randint(0, vocab, (neighbour_len,), generator=g)
+    mask = torch.ones(1, T, device=device)
+    lo = (P - cut) // 2
     variants = torch.zeros(R, 2, P, dtype=torch.long)  # left-padded: P_all, P_all without tokens lo..lo+cut
     variants[:, 0] = prompts
-    variants[:, 1, args.cut:] = torch.cat([prompts[:, :lo], prompts[:, lo + args.cut:]], 1)
-    lens = torch.tensor([[P, P - args.cut]] * R)
+    variants[:, 1, cut:] = torch.cat([prompts[:, :lo], prompts[:, lo + cut:]], 1)
+    lens = torch.tensor([[P, P - cut]] * R)
     with torch.no_grad():
         rep = replay_relevance(fwd, variants, lens, responses, torch.ones(R, T), torch.ones(R, 1, dtype=torch.long),
-                               micro_batch_size=2)
+                               micro_batch_size=2, device=device)
     floor, q_alone, q_beside, dw = [], [], [], []
     for r in range(R):
         seq = torch.cat([prompts[r], responses[r]])
-        var = torch.cat([variants[r, 1, args.cut:], responses[r]])
-        alone = forward_response_logits(fwd, [seq], T, 0)[None]
-        beside = forward_response_logits(fwd, [neighbour, seq], T, 1)[None]
-        minus = forward_response_logits(fwd, [seq, var], T, 1)[None]  # the variant as the replay places it
-        floor.append(js_distance_from_logits(alone, beside, mask)[0])
+        var = torch.cat([variants[r, 1, cut:], responses[r]])
+        alone = forward_response_logits(fwd, [seq], T, 0, device)[None]
+        beside = forward_response_logits(fwd, [neighbour, seq], T, 1, device)[None]
+        minus = forward_response_logits(fwd, [seq, var], T, 1, device)[None]  # the variant as the replay places it
+        floor.append(js_distance_from_logits(alone, beside, mask)[0].cpu())
         qa, qb = js_distance_from_logits(alone, minus, mask), js_distance_from_logits(beside, minus, mask)
-        q_alone.append(qa[0])
-        q_beside.append(qb[0])
-        wa = relevance_weights(qa, mask, args.beta, 1.0)
-        wb = relevance_weights(qb, mask, args.beta, 1.0)
-        dw.append((wa - wb).abs()[0])
+        q_alone.append(qa[0].cpu())
+        q_beside.append(qb[0].cpu())
+        wa = relevance_weights(qa, mask, beta, 1.0)
+        wb = relevance_weights(qb, mask, beta, 1.0)
+        dw.append((wa - wb).abs()[0].cpu())
+        del alone, beside, minus
     floor_t, q_rep = torch.cat(floor), rep["variant_relevance"][:, 0].flatten()
     return {
         "floor_mean": floor_t.mean().item(), "floor_p99": torch.quantile(floor_t, 0.99).item(), "floor_max": floor_t.max().item(),
         "q_mean": q_rep.mean().item(), "dq_mean": (torch.cat(q_alone) - torch.cat(q_beside)).abs().mean().item(),
         "dw_mean": torch.cat(dw).mean().item(), "dw_max": torch.cat(dw).max().item(), "positions": floor_t.numel(),
     }
+
+
+def measure(args, dtype_name: str) -> dict:
+    fwd = hf_forward(build_model(args, DTYPES[dtype_name]))
+    return noise_floor(fwd, args.vocab, args.rows, args.prompt_len, args.response_len, args.neighbour_len, args.cut,
+                       args.beta, args.seed)
 
 
 def main(argv: Optional[list[str]] = None) -> float:
