@@ -125,7 +125,8 @@ def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only
     assert "prompts 16-24 tokens, token_budget=24576, variants up to 6" in out[1]  # the 7B scripts' budget and variants
     header = next(i for i, line in enumerate(out) if "rep/(NV x olp)" in line)
     assert _cells(out[header])[4:7] == ["olp pad", "olp rmpad", "replay"]
-    rows = [_cells(line) for line in out[header + 1:] if "|" in line]
+    end = next(i for i in range(header + 1, len(out)) if out[i].startswith("(NV:"))  # the table's note ends it
+    rows = [_cells(line) for line in out[header + 1:end]]
     assert [r[0] for r in rows] == ["8", "16", "mix"] and [int(r[2]) for r in rows] == [16, 32, 36]
     assert [float(r[3]) for r in rows[:2]] == [6.0, 6.0] and 2.0 <= float(rows[2][3]) <= 6.0  # the mix: 2..6 per row
     for r in rows:
