@@ -9,18 +9,38 @@ vLLM engine starts in the CLI's own process (a subprocess of the test), a minute
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from data_prep import instruction_following as IFB
+from data_prep import tool_calling as TOOLB
+from data_prep.common import write_parquet
 from recipe.mrtpo.cpu.runtime import cpu_env
-from tests.unit.test_eval import data  # noqa: F401  (the module-scoped parquet fixture: a few items per task)
 
 REPO = Path(__file__).resolve().parents[2]
 ITEMS = 3
 MAX_NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    """``{task: test.parquet}``: a few IFEval prompts and BFCL items from the offline assets."""
+    root = tmp_path_factory.mktemp("eval_vllm_data")
+    assets = Path(os.environ.get("MRTPO_ASSETS") or REPO / ".assets")
+    src = root / "ifeval.jsonl"
+    src.write_text("".join((assets / "if/ifeval_input_data.jsonl").read_text(encoding="utf-8").splitlines(True)[:ITEMS]),
+                   encoding="utf-8")
+    rows = {"ifeval": IFB.build_eval_rows("ifeval", src)[0],
+            "bfcl": TOOLB.build_bfcl_rows(categories=("simple_python",), limit_per_category=ITEMS)[0]}
+    paths = {}
+    for task, task_rows in rows.items():
+        paths[task] = root / task / "test.parquet"
+        write_parquet(task_rows, paths[task])
+    return paths
 
 
 def _eval(backend: str, task: str, model: Path, data_file: Path, out: Path) -> dict:
@@ -34,7 +54,7 @@ def _eval(backend: str, task: str, model: Path, data_file: Path, out: Path) -> d
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("task", ["ifeval", "bfcl"])
-def test_vllm_engine_and_transformers_generate_and_score_the_same_items(task, data, tiny_qwen2_dir, tmp_path):  # noqa: F811
+def test_vllm_engine_and_transformers_generate_and_score_the_same_items(task, data, tiny_qwen2_dir, tmp_path):
     vllm = _eval("vllm", task, tiny_qwen2_dir, data[task], tmp_path / "vllm.json")
     hf = _eval("hf", task, tiny_qwen2_dir, data[task], tmp_path / "hf.json")
     assert vllm["config"]["backend"] == "vllm" and hf["config"]["backend"] == "hf"
