@@ -1,27 +1,38 @@
-"""GPU benchmark of the replay at a 7B shape: replay / old_log_prob per variant, compiled JS, peak memory.
+"""GPU benchmark of the replay at the 7B scripts' shape: what verl does, beside what the replay does, in one run.
 
-    python benchmarks/gpu_replay.py                      # Qwen2.5-7B's shape, bf16, one GPU (< 8 min on an H200)
+    python benchmarks/gpu_replay.py                      # Qwen2.5-7B's shape, bf16, flash-attention 2, one GPU
+    python benchmarks/gpu_replay.py --attn sdpa          # the same with PyTorch's SDPA attention
     python benchmarks/gpu_replay.py --device cpu --dtype fp32 --hidden 64 --layers 2 --heads 4 --kv-heads 2 \\
-        --intermediate 128 --vocab 1000 --lengths 8 16 --rows 2 --prompt-len 16 --no-compile-js   # a smoke run
+        --intermediate 128 --vocab 1000 --lengths 8 16 --rows 2 --prompt-len 16 24 --mix-lengths 4 8 24 \\
+        --floor-rows 1 --floor-response-len 16 --no-compile-js   # a smoke run
 
 Needs torch and transformers only (no verl, Ray or vLLM): the model is a random-weight Qwen2 of
 Qwen2.5-7B's shape (hidden 3584, 28 layers, 28 query / 4 KV heads, intermediate 18944, vocabulary 152064)
-built on the device in ``--dtype``, and the replay is the project's own
+built on the device in ``--dtype`` with ``--attn`` (``flash_attention_2``, what verl's GPU runs use, when the
+flash-attn package is installed; else ``sdpa``), and the replay is the project's own
 :func:`recipe.mrtpo.core.replay.replay_relevance` (imported from the repository tree beside this file).
+The defaults are the 7B run scripts' (``run_scripts/common.sh``): token budget 24,576 per forward
+(``log_prob_max_token_len_per_gpu``), instruction-following prompts of 150-400 tokens, responses up to
+``data.max_response_length`` = 1024, up to 6 prompt variants per response (P_all + 5 constraints removed).
 
 For each response length T of ``--lengths`` (``--rows`` responses of exactly T tokens) and for the mixed
-batch (one response per length of ``--mix-lengths``, 64 to 4096 tokens), it times in one process:
+batch (one response per length of ``--mix-lengths``, in a shuffled order as the trainer hands them over, not
+sorted), it times:
 
-- ``old_log_prob``: verl's compute_log_prob on those rows: [prompt | response] forwards packed by the token
-  budget (``--token-budget``, verl's ``log_prob_max_token_len_per_gpu``), log-probs of the response tokens
-  from fp32 log-softmax rows;
-- ``replay``: ``replay_relevance`` with NV = ``--variants`` prompt variants per row (P_all + NV - 1 with one
-  32-token sentence removed), the same token budget, the JS compiled (``torch.compile``: Triton on GPU)
-  unless ``--no-compile-js``;
+- ``olp pad``: a padded log-prob pass: [prompt | response] rows left-padded in forwards of at most the token
+  budget (the replay's own layout);
+- ``olp rmpad``: verl's ``use_remove_padding`` old_log_prob: the sequences of a micro-batch concatenated in
+  one row (sum of tokens <= the budget) with restarting ``position_ids`` and no padding. flash-attention 2
+  keeps the sequences apart through ``position_ids`` (varlen); SDPA and eager need a block-diagonal 4D mask,
+  quadratic in the row's length (exact, for the CPU test; on a GPU use flash_attention_2);
+- ``replay``: ``replay_relevance`` with each row's variants, the same budget, the JS compiled unless
+  ``--no-compile-js``;
 
-and prints ``replay / (NV x old_log_prob)`` (1.0: each variant costs one log-prob pass) and the peak memory
-of each (``torch.cuda.max_memory_allocated``, weights included). The last line is
-``gpu mix: replay / (variants x old_log_prob) = X``.
+and prints ``replay / (NV x olp rmpad)`` (1.0: each variant costs one of verl's log-prob passes) and peak
+memory. Then, on the mix: the compiled against the eager JS (max |dq|), the replay's log-probs of P_all
+against the remove-padding old_log_prob (the consistency the trainer logs, mean / p99 / max), and the noise
+floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a longer sequence, and the q of
+a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
 """
 
 from __future__ import annotations
@@ -38,11 +49,23 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the repository tree, installed or not
     sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_noise_floor import noise_floor  # noqa: E402  (torch + transformers + the core)
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance  # noqa: E402  (torch-only core)
 
 QWEN25_7B = dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-MIX_LENGTHS = (64, 128, 256, 512, 1024, 2048, 3072, 4096)
+MIX_LENGTHS = (64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1024)  # up to max_response_length
+ATTN = ("flash_attention_2", "sdpa")
+
+
+def default_attn(device: str) -> str:
+    if device.startswith("cuda"):
+        try:
+            import flash_attn  # noqa: F401
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
 
 
 def build_model(args):
@@ -51,7 +74,6 @@ def build_model(args):
     cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                       num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                       intermediate_size=args.intermediate, max_position_embeddings=32768, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(DTYPES[args.dtype])  # parameters created in the run's dtype (no fp32 copy of 7B)
@@ -60,6 +82,7 @@ def build_model(args):
             model = Qwen2ForCausalLM(cfg)
     finally:
         torch.set_default_dtype(default)
+    model.set_attn_implementation(args.attn)  # transformers' public switch (checks flash-attn is importable)
     return model.eval()
 
 
@@ -77,130 +100,212 @@ def peak_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
 
 
-def make_rows(lengths, prompt_len: int, nv: int, vocab: int, g: torch.Generator, device: str):
-    """Rows sorted by response length: variants [R, NV, P] (left-padded; variant j > 0 lacks tokens
-    32(j-1)..32j of P_all), responses [R, T], mask, pair_variant [R, NV - 1]."""
-    lengths = sorted(lengths)
-    R, T, P = len(lengths), max(lengths), prompt_len
-    prompts = torch.randint(0, vocab, (R, P), generator=g)
+def make_rows(lengths, prompt_lens: tuple[int, int], max_nv: int, vocab: int, g: torch.Generator, vary_nv: bool):
+    """Rows in the given order: variants [R, NV, P] (left-padded; variant j > 0 lacks one 16-token span of P_all,
+    a constraint), their lengths (0: no such variant), responses [R, T], mask, pair_variant [R, NV - 1] (-1: none).
+    Prompt lengths are drawn from ``prompt_lens`` (lo, hi); with ``vary_nv`` each row has 2..max_nv variants."""
+    R, T, NV = len(lengths), max(lengths), max_nv
+    lo, hi = prompt_lens
+    plen = torch.randint(lo, hi + 1, (R,), generator=g).tolist()
+    nv = torch.randint(2, NV + 1, (R,), generator=g).tolist() if vary_nv else [NV] * R
+    P = max(plen)
     responses = torch.randint(0, vocab, (R, T), generator=g)
     mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    cut = min(32, P // 2)
-    var = torch.zeros(R, nv, P, dtype=torch.long)
-    lens = torch.zeros(R, nv, dtype=torch.long)
-    for j in range(nv):
-        keep = prompts if j == 0 else torch.cat([prompts[:, : cut * (j - 1)], prompts[:, cut * j :]], 1)
-        var[:, j, P - keep.shape[1] :] = keep
-        lens[:, j] = keep.shape[1]
-    pair = torch.arange(1, nv).expand(R, nv - 1).clone()
+    var = torch.zeros(R, NV, P, dtype=torch.long)
+    lens = torch.zeros(R, NV, dtype=torch.long)
+    pair = torch.full((R, NV - 1), -1, dtype=torch.long)
+    for r in range(R):
+        prompt = torch.randint(0, vocab, (plen[r],), generator=g)
+        cut = max(1, min(16, plen[r] // (2 * NV)))
+        for j in range(nv[r]):
+            keep = prompt if j == 0 else torch.cat([prompt[: cut * (j - 1)], prompt[cut * j:]])
+            var[r, j, P - len(keep):] = keep
+            lens[r, j] = len(keep)
+            if j:
+                pair[r, j - 1] = j
     return var, lens, responses, mask, pair
 
 
-def old_log_prob(fwd, prompts, responses, mask, budget: int, device: str) -> torch.Tensor:
-    """[prompt | response] per row, rows packed into forwards of at most ``budget`` padded tokens."""
-    R, P = prompts.shape
+def _rows_of(prompts, lens0, responses, mask):
+    """Each row's [prompt | response] (P_all and its existing response tokens), and the response length."""
+    P = prompts.shape[1]
     n = mask.sum(-1).tolist()
+    return [(torch.cat([prompts[i, P - int(lens0[i]):], responses[i, : n[i]]]), n[i]) for i in range(len(n))]
+
+
+def old_log_prob_padded(fwd, prompts, lens0, responses, mask, budget: int, device: str) -> torch.Tensor:
+    """[prompt | response] per row, left-padded, rows packed into forwards of at most ``budget`` padded tokens."""
+    seqs = _rows_of(prompts, lens0, responses, mask)
     out = torch.zeros(mask.shape, dtype=torch.float32)
     r = 0
-    while r < R:
-        rows = [r]
-        while r + len(rows) < R and (len(rows) + 1) * (P + n[r + len(rows)]) <= budget:
+    while r < len(seqs):
+        rows, L = [r], len(seqs[r][0])
+        while r + len(rows) < len(seqs) and (len(rows) + 1) * max(L, len(seqs[r + len(rows)][0])) <= budget:
+            L = max(L, len(seqs[r + len(rows)][0]))
             rows.append(r + len(rows))
-        T = max(n[i] for i in rows)
-        ids = torch.zeros(len(rows), P + T, dtype=torch.long)
+        ids = torch.zeros(len(rows), L, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for b, i in enumerate(rows):
-            ids[b, T - n[i] :] = torch.cat([prompts[i], responses[i, : n[i]]])
-            attn[b, T - n[i] :] = 1
+            ids[b, L - len(seqs[i][0]):] = seqs[i][0]
+            attn[b, L - len(seqs[i][0]):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        T = max(seqs[i][1] for i in rows)
         logits = fwd(ids.to(device), attn.to(device), pos.to(device), T + 1)[:, :T]
         for b, i in enumerate(rows):  # one fp32 [T, V] at a time, as verl's per-row log-softmax
-            y = responses[i, : n[i]].to(device)
-            lp = torch.log_softmax(logits[b, T - n[i] :].float(), -1).gather(-1, y[:, None]).squeeze(-1)
-            out[i, : n[i]] = lp.cpu()
+            n = seqs[i][1]
+            y = responses[i, :n].to(device)
+            out[i, :n] = torch.log_softmax(logits[b, T - n:].float(), -1).gather(-1, y[:, None]).squeeze(-1).cpu()
         del logits
         r += len(rows)
     return out
 
 
-def best_time(fn, repeats: int, device: str) -> tuple[float, float]:
-    """(best seconds over ``repeats`` after one warm-up call, peak GiB of the timed calls)."""
-    fn()
+def old_log_prob_rmpad(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str) -> torch.Tensor:
+    """verl's remove-padding old_log_prob: sequences concatenated in one row (sum of tokens <= ``budget``),
+    ``position_ids`` restarting at each, log-probs of the response tokens (module docstring)."""
+    seqs = _rows_of(prompts, lens0, responses, mask)
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    r = 0
+    while r < len(seqs):
+        rows, total = [r], len(seqs[r][0])
+        while r + len(rows) < len(seqs) and total + len(seqs[r + len(rows)][0]) <= budget:
+            total += len(seqs[r + len(rows)][0])
+            rows.append(r + len(rows))
+        ids = torch.cat([seqs[i][0] for i in rows])[None].to(device)
+        pos = torch.cat([torch.arange(len(seqs[i][0])) for i in rows])[None].to(device)
+        kwargs = {}
+        if attn != "flash_attention_2":  # SDPA / eager would attend across the sequences: block-diagonal mask
+            seg = torch.cat([torch.full((len(seqs[i][0]),), k) for k, i in enumerate(rows)]).to(device)
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool, device=device).tril()
+            mask4 = torch.zeros(1, 1, total, total, dtype=model.dtype, device=device)
+            kwargs["attention_mask"] = mask4.masked_fill(~allowed, torch.finfo(mask4.dtype).min)
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False, **kwargs).logits[0]
+        start = 0
+        for i in rows:
+            L, n = len(seqs[i][0]), seqs[i][1]
+            y = responses[i, :n].to(device)
+            lp = torch.log_softmax(logits[start + L - n - 1: start + L - 1].float(), -1)
+            out[i, :n] = lp.gather(-1, y[:, None]).squeeze(-1).cpu()
+            start += L
+        del logits
+        r += len(rows)
+    return out
+
+
+
+def best_time(fn, repeats: int, device: str):
+    """(best seconds over ``repeats`` after one warm-up call, peak GiB of the timed calls, the last result)."""
+    out = fn()
     sync(device)
     peak_reset(device)
     best = float("inf")
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
-        fn()
+        out = fn()
         sync(device)
         best = min(best, time.perf_counter() - t0)
-    return best, peak_gib(device)
+    return best, peak_gib(device), out
 
 
-def bench_rows(label: str, model, lengths, args, g: torch.Generator) -> float:
+def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bool) -> dict:
     fwd = hf_forward(model)
-    nv = args.variants
-    var, lens, responses, mask, pair = make_rows(lengths, args.prompt_len, nv, args.vocab, g, args.device)
+    var, lens, responses, mask, pair = make_rows(lengths, tuple(args.prompt_len), args.variants, args.vocab, g, vary_nv)
+    nv_mean = float((lens > 0).sum()) / len(lengths)
 
-    def olp():
+    def olp_pad():
         with torch.no_grad():
-            return old_log_prob(fwd, var[:, 0], responses, mask, args.token_budget, args.device)
+            return old_log_prob_padded(fwd, var[:, 0], lens[:, 0], responses, mask, args.token_budget, args.device)
 
-    def replay():
+    def olp_rmpad():
         with torch.no_grad():
-            return replay_relevance(fwd, var, lens, responses, mask, pair, micro_batch_size=nv, token_budget=args.token_budget,
-                                    device=args.device, compiled_js=args.compile_js)
+            return old_log_prob_rmpad(model, var[:, 0], lens[:, 0], responses, mask, args.token_budget, args.device, args.attn)
 
-    t_olp, m_olp = best_time(olp, args.repeats, args.device)
-    t_rep, m_rep = best_time(replay, args.repeats, args.device)
-    x = t_rep / (nv * t_olp)
-    print(f"{label:>6} | {len(lengths):>4} | {sum(lengths):>7} | {nv:>2} | {t_olp * 1e3:10.1f}ms | {t_rep * 1e3:8.1f}ms | "
-          f"{x:13.2f} | {m_olp:9.2f} | {m_rep:9.2f}", flush=True)
-    return x
+    def replay(compiled: bool):
+        with torch.no_grad():
+            return replay_relevance(fwd, var, lens, responses, mask, pair, micro_batch_size=args.variants,
+                                    token_budget=args.token_budget, device=args.device, compiled_js=compiled)
+
+    t_pad, m_pad, _ = best_time(olp_pad, args.repeats, args.device)
+    t_rm, m_rm, lp_rm = best_time(olp_rmpad, args.repeats, args.device)
+    t_rep, m_rep, rep = best_time(lambda: replay(args.compile_js), args.repeats, args.device)
+    x = t_rep / (nv_mean * t_rm)
+    print(f"{label:>6} | {len(lengths):>4} | {int(mask.sum()):>7} | {nv_mean:>4.1f} | {t_pad * 1e3:9.1f}ms | {t_rm * 1e3:9.1f}ms | "
+          f"{t_rep * 1e3:9.1f}ms | {x:13.2f} | {m_rm:9.2f} | {m_rep:9.2f}", flush=True)
+    return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay}
+
+
+def _stats(values: torch.Tensor) -> str:
+    v = values.float()
+    return f"mean {v.mean().item():.2e}, p99 {torch.quantile(v, 0.99).item():.2e}, max {v.max().item():.2e}"
 
 
 def main(argv: Optional[list[str]] = None) -> float:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--attn", choices=ATTN, default=None, help="attention (default: flash_attention_2 on CUDA when installed, else sdpa)")
     for key, value in QWEN25_7B.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
-    ap.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096], help="response lengths, one row each")
-    ap.add_argument("--rows", type=int, default=4, help="responses per length")
-    ap.add_argument("--mix-lengths", nargs="+", type=int, default=list(MIX_LENGTHS))
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--variants", type=int, default=3, help="NV: P_all + NV - 1 variants per response")
-    ap.add_argument("--token-budget", type=int, default=16384, help="padded tokens per forward (both passes)")
+    ap.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024], help="response lengths, --rows rows each")
+    ap.add_argument("--rows", type=int, default=8, help="responses per length")
+    ap.add_argument("--mix-lengths", nargs="+", type=int, default=list(MIX_LENGTHS), help="the mix, in a shuffled order")
+    ap.add_argument("--prompt-len", nargs=2, type=int, default=[150, 400], metavar=("LO", "HI"), help="prompt lengths drawn in [LO, HI]")
+    ap.add_argument("--variants", type=int, default=6, help="NV: P_all + up to NV - 1 variants per response (the mix: 2..NV)")
+    ap.add_argument("--token-budget", type=int, default=24576, help="tokens per forward (log_prob_max_token_len_per_gpu)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-compile-js", dest="compile_js", action="store_false")
+    ap.add_argument("--floor-rows", type=int, default=2, help="noise floor: sequences measured")
+    ap.add_argument("--floor-response-len", type=int, default=1024)
     args = ap.parse_args(argv)
+    args.attn = args.attn or default_attn(args.device)
+    if args.variants < 2 or not 0 < args.prompt_len[0] <= args.prompt_len[1]:
+        ap.error("need --variants >= 2 and 0 < LO <= HI for --prompt-len")
 
     t0 = time.perf_counter()
     model = build_model(args)
     sync(args.device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"device={args.device} ({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}) dtype={args.dtype} "
-          f"Qwen2 random weights: hidden {args.hidden}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, "
+          f"attn={args.attn} Qwen2 random weights: hidden {args.hidden}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, "
           f"intermediate {args.intermediate}, vocab {args.vocab}, {n_params / 1e9:.2f}B params (built in {time.perf_counter() - t0:.1f}s)")
     g = torch.Generator().manual_seed(0)
     if args.compile_js:  # the first replay compiles the fused JS kernel (Inductor: Triton on GPU)
-        var, lens, responses, mask, pair = make_rows([16, 32], min(args.prompt_len, 64), 2, args.vocab, g, args.device)
+        var, lens, responses, mask, pair = make_rows([16, 32], (16, 32), 2, args.vocab, g, False)
         t0 = time.perf_counter()
         with torch.no_grad():
             replay_relevance(hf_forward(model), var, lens, responses, mask, pair, micro_batch_size=2, device=args.device,
                              compiled_js=True)
         sync(args.device)
         print(f"JS kernel compiled in {time.perf_counter() - t0:.1f}s (first replay)")
-    print(f"prompt={args.prompt_len} token_budget={args.token_budget} compile_js={args.compile_js} best of {args.repeats}")
-    print(f"{'T':>6} | {'rows':>4} | {'tokens':>7} | {'NV':>2} | {'old_log_prob':>12} | {'replay':>10} | "
+    print(f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, token_budget={args.token_budget}, variants up to "
+          f"{args.variants}, compile_js={args.compile_js}, best of {args.repeats}")
+    print(f"{'T':>6} | {'rows':>4} | {'tokens':>7} | {'NV':>4} | {'olp pad':>11} | {'olp rmpad':>11} | {'replay':>11} | "
           f"{'rep/(NV x olp)':>13} | {'olp GiB':>9} | {'rep GiB':>9}")
     for T in args.lengths:
-        bench_rows(str(T), model, [T] * args.rows, args, g)
-    x = bench_rows("mix", model, args.mix_lengths, args, g)
-    print("(peak GiB: torch.cuda.max_memory_allocated during the timed calls, weights included)")
-    print(f"gpu mix: replay / (variants x old_log_prob) = {x:.2f}")
-    return x
+        bench_rows(str(T), model, [T] * args.rows, args, g, vary_nv=False)
+    order = torch.randperm(len(args.mix_lengths), generator=g).tolist()  # the trainer's order is not by length
+    mix = bench_rows("mix", model, [args.mix_lengths[i] for i in order], args, g, vary_nv=True)
+    print("(NV: sequences per row, P_all included; olp: old_log_prob; rep/(NV x olp) against olp rmpad, verl's; "
+          "peak GiB: torch.cuda.max_memory_allocated during the timed calls, weights included)")
+
+    valid = mix["mask"] > 0
+    if args.compile_js:
+        eager = mix["replay"](False)
+        dq = (mix["rep"]["variant_relevance"] - eager["variant_relevance"]).abs().max().item()
+        print(f"mix: compiled vs eager JS: max |dq| = {dq:.2e}")
+    else:
+        print("mix: compiled vs eager JS: skipped (--no-compile-js)")
+    dlp = (mix["rep"]["replay_logprobs"] - mix["lp_rmpad"]).abs()[valid]
+    print(f"mix: replay log-probs of P_all vs old_log_prob (remove padding), |d| over {int(valid.sum())} tokens: {_stats(dlp)}")
+    floor = noise_floor(hf_forward(model), args.vocab, args.floor_rows, args.prompt_len[1], args.floor_response_len,
+                        args.prompt_len[1] + args.floor_response_len + 256, 16, 0.5, device=args.device)
+    print(f"noise floor of q over {floor['positions']} positions (P_all against itself beside a longer sequence): mean "
+          f"{floor['floor_mean']:.2e}, p99 {floor['floor_p99']:.2e}, max {floor['floor_max']:.2e}; q of a real variant (16 "
+          f"tokens removed) {floor['q_mean']:.4f}: floor / q = {floor['floor_mean'] / floor['q_mean']:.4f}; |dw| at beta 0.5: "
+          f"mean {floor['dw_mean']:.2e}, max {floor['dw_max']:.2e}")
+    print(f"gpu mix: replay / (variants x old_log_prob) = {mix['x']:.2f}")
+    return mix["x"]
 
 
 if __name__ == "__main__":

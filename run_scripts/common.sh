@@ -5,7 +5,7 @@
 # It composes one command line
 #     <venv python> -m recipe.mrtpo.main_mrtpo <the overrides below> <ALGO's overrides> "$@"
 # (the caller's extra arguments last, so they win over everything here) and runs it, or with DRY_RUN=1
-# prints the composed config instead (Hydra's `--cfg job --resolve`: no Ray, no GPU, a few seconds).
+# composes the same config, runs the launch's checks on it and prints it (no Ray, no GPU, a few seconds).
 #
 # Environment (all optional):
 #   ALGO             the method (default mrtpo), one of `python3 -m recipe.mrtpo.methods names`; its overrides
@@ -34,9 +34,16 @@
 #                    --head` on one, `ray start --address=<head>:6379` on the others; the repository at the
 #                    same path on every node), then run the script on the head node.
 #   N_GPUS_PER_NODE  GPUs per node (default 8)
-#   DRY_RUN=1        print the composed, resolved config as YAML on stdout and exit; starts nothing
+#   SEED             one seed for everything verl and the recipe seed (default 0; _mrtpo_seed): also the last part
+#                    of the experiment name and so of the checkpoint folder, checkpoints/<project>/<experiment>
+#   SMOKE=1          the first GPU run's preset (_mrtpo_smoke): 2 steps of a small batch, the replay from step 1
+#                    (no warm-up), no validation, no checkpoint, relevance dumps every step; experiment name +_smoke
+#   DRY_RUN=1        compose the config as a launch would (run_scripts/dry_run.py), run the launch's checks
+#                    (recipe.mrtpo.main_mrtpo.check_config and verl's validate_config), print it resolved as YAML
+#                    on stdout and exit; starts nothing. A refused config: one line on stderr, exit status 2
 #   PROJECT_NAME     trainer.project_name (default mrtpo)
-#   EXPERIMENT_NAME  trainer.experiment_name (default <model folder name>_<task>_<ALGO>, lower case)
+#   EXPERIMENT_NAME  trainer.experiment_name (default <model folder name>_<task>_<ALGO>, lower case), then _smoke
+#                    (SMOKE=1) and _seed<SEED> appended unless it already ends so
 #   MRTPO_VENV       the venv whose python runs verl (default <repo>/.venv; else `python` on PATH)
 # The command line is echoed on stderr before it runs.
 
@@ -116,31 +123,30 @@ mrtpo_python() {
 
 # _mrtpo_size SIZE: what scales with the model. Sized for 80 GB GPUs (A100/H100), one node of 8; with
 # fewer or smaller GPUs lower the token budgets (or add ...fsdp_config.param_offload=True) on the command line.
+# The reference model needs no offload knob: verl 0.9.1 offloads the FSDP2 reference's parameters to CPU
+# whatever ref.fsdp_config.param_offload says (ref/dp_ref.yaml:20 sets engine forward_only=True, and
+# workers/engine/fsdp/transformer_impl.py:459-463 then installs CPUOffloadPolicy and clears _is_offload_param).
+# The replay has no micro-batch knob here either: with use_dynamic_bsz (below) it packs its forwards by
+# rollout.log_prob_max_token_len_per_gpu, and mrtpo.replay_micro_batch_size is not read.
 _mrtpo_size() {
   case "$1" in
     1.5b)
       MODEL_SIZE=1.5B
-      ROLLOUT_TP=1             # vLLM tensor parallel: the whole model on one GPU (as GDPO's 1.5B run)
+      ROLLOUT_TP=1             # vLLM tensor parallel: the whole model on one GPU (as GDPO's 1.5B run): 8 engines
       PPO_MAX_TOKENS=24576     # tokens per GPU per actor-update micro-batch (dynamic batch size): ~8 x 3072
-      LOGPROB_MAX_TOKENS=32768 # tokens per GPU per old/ref log-prob micro-batch (no gradients)
-      REF_OFFLOAD=False        # the reference model stays on GPU (small)
-      REPLAY_MB=16             # mrtpo.replay_micro_batch_size: prompt variants per replay forward
+      LOGPROB_MAX_TOKENS=32768 # tokens per GPU per old/ref log-prob and replay forward (no gradients)
       ;;
     3b)
       MODEL_SIZE=3B
-      ROLLOUT_TP=1
-      PPO_MAX_TOKENS=16384
+      ROLLOUT_TP=1             # ~6 GB of bf16 weights: one GPU per engine
+      PPO_MAX_TOKENS=16384     # ~5 x 3072; activations of 36 layers with gradient checkpointing
       LOGPROB_MAX_TOKENS=32768
-      REF_OFFLOAD=False
-      REPLAY_MB=8
       ;;
     7b)
       MODEL_SIZE=7B
-      ROLLOUT_TP=2             # 7B in bf16 (~15 GB) plus KV cache: two GPUs per vLLM engine
-      PPO_MAX_TOKENS=12288     # ~4 x 3072
-      LOGPROB_MAX_TOKENS=24576
-      REF_OFFLOAD=True         # reference weights on CPU between its forwards (as GDPO's published run)
-      REPLAY_MB=4
+      ROLLOUT_TP=1             # ~15 GB of bf16 weights + KV cache fit one 80 GB GPU: 8 engines (TP=2 would give 4)
+      PPO_MAX_TOKENS=24576     # ~8 x 3072: the usual 7B budget with gradient checkpointing on 80 GB
+      LOGPROB_MAX_TOKENS=24576 # the replay's forwards use it too (benchmarks/gpu_replay.py's default budget)
       ;;
     *) mrtpo_die "unknown model size '$1' (1.5b | 3b | 7b)" ;;
   esac
@@ -226,16 +232,52 @@ _mrtpo_algo() {
   mapfile -t ALGO_ARGS <<<"$out"
 }
 
+# mrtpo_flag NAME VALUE: 1 for 1/true/yes, empty for 0/false/no/unset, else a clear error.
+mrtpo_flag() {
+  case "$2" in
+    1 | true | True | yes) printf '1' ;;
+    0 | "" | false | False | no) ;;
+    *) mrtpo_die "$1 must be 1 or 0, got '$2'" ;;
+  esac
+}
+
+# _mrtpo_seed SEED: every seed verl 0.9.1 and the recipe read, from the one SEED (SEED_ARGS).
+_mrtpo_seed() {
+  [[ "$1" =~ ^[0-9]+$ ]] || mrtpo_die "SEED must be a non-negative integer, got '$1'"
+  SEED_ARGS=(
+    "data.seed=$1"                                 # the train sampler's shuffle (verl's default null: a fresh order every run)
+    "actor_rollout_ref.actor.data_loader_seed=$1"  # the order of the mini-batches in the actor update
+    "actor_rollout_ref.rollout.seed=$1"            # vLLM sampling (replica rank + seed) and PYTHONHASHSEED of the workers
+    "actor_rollout_ref.actor.fsdp_config.seed=$1"  # engine seeds, read under fsdp_config.full_determinism=True
+    "actor_rollout_ref.ref.fsdp_config.seed=$1"
+    "mrtpo.seed=$1"                                # the shuffle ablation's permutations (with the step)
+  )
+}
+
+# _mrtpo_smoke NGPUS_TOTAL: the SMOKE=1 preset (SMOKE_ARGS): the first replay within minutes of the start.
+_mrtpo_smoke() {
+  local batch=$(( 2 * $1 > 8 ? 2 * $1 : 8 ))  # prompts: x rollout.n = 8 responses per GPU, one update per step
+  SMOKE_ARGS=(
+    mrtpo.warmup_steps=0               # full beta from step 1: the first step already replays
+    trainer.val_before_train=False     # no validation pass before the first step ...
+    trainer.test_freq=-1               # ... nor after the last one
+    "data.train_batch_size=$batch"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=$batch"
+    trainer.total_training_steps=2
+    trainer.save_freq=-1               # no checkpoint written ...
+    trainer.resume_mode=disable        # ... and none resumed
+    mrtpo.dump.every_n_steps=1         # relevance dumps of both steps (<default_local_dir>/relevance_dumps)
+  )
+}
+
 # mrtpo_launch SIZE TASK [extra Hydra overrides...]: compose and run (or, with DRY_RUN=1, print) the config.
 mrtpo_launch() {
   [ $# -ge 2 ] || mrtpo_die "usage: mrtpo_launch <1.5b|3b|7b> <ifbench|text2sql|toolcall> [overrides...]"
   local size="$1" task="$2"
   shift 2
-  case "${DRY_RUN:-0}" in
-    1 | true | True | yes) DRY_RUN_ON=1 ;;
-    0 | "" | false | False | no) DRY_RUN_ON="" ;;
-    *) mrtpo_die "DRY_RUN must be 1 or 0, got '$DRY_RUN'" ;;
-  esac
+  DRY_RUN_ON="$(mrtpo_flag DRY_RUN "${DRY_RUN:-0}")" || exit 1
+  local smoke seed="${SEED:-0}"
+  smoke="$(mrtpo_flag SMOKE "${SMOKE:-0}")" || exit 1
   local algo="${ALGO:-mrtpo}"
   _mrtpo_size "$size"
   _mrtpo_task "$task"
@@ -261,7 +303,14 @@ mrtpo_launch() {
 
   local model_tag
   model_tag="$(basename "${model%/}" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9._\n-' '-')"
+  _mrtpo_seed "$seed"
+  # The seed is always the name's last part, so two seeds never share a checkpoint folder (resume_mode=auto
+  # would continue the other seed's run); a smoke run has its own name too.
   local experiment="${EXPERIMENT_NAME:-${model_tag}_${task}_${algo}}"
+  [ -z "$smoke" ] || [[ "$experiment" == *_smoke ]] || experiment+="_smoke"
+  [[ "$experiment" == *"_seed$seed" ]] || experiment+="_seed$seed"
+  case "$experiment" in *"'"* | *"\\"* | */*) mrtpo_die "EXPERIMENT_NAME with a quote, backslash or slash is not supported: $experiment" ;; esac
+  local project="${PROJECT_NAME:-mrtpo}"
   local pythonpath="$MRTPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
   local -a args=(
@@ -292,8 +341,7 @@ mrtpo_launch() {
     actor_rollout_ref.actor.fsdp_config.param_offload=False
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
     # --- reference policy (for the KL loss) --------------------------------------------------------------
-    actor_rollout_ref.ref.strategy=fsdp2
-    "actor_rollout_ref.ref.fsdp_config.param_offload=$REF_OFFLOAD"
+    actor_rollout_ref.ref.strategy=fsdp2              # always CPU-offloaded by verl (see _mrtpo_size)
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKENS"
     # --- rollout (vLLM) ----------------------------------------------------------------------------------
     actor_rollout_ref.rollout.name=vllm
@@ -311,12 +359,12 @@ mrtpo_launch() {
     mrtpo.warmup_steps=10         # beta ramps in with a smoothstep over the first 10 steps
     mrtpo.max_realloc_rms=1.0     # rho: RMS bound on the reallocated part w - 1 per (sample, reward)
     mrtpo.measure=js_distance     # sqrt(JSD / ln 2) between the P_all and P_minus_k next-token distributions
-    "mrtpo.replay_micro_batch_size=$REPLAY_MB"
     # --- trainer -----------------------------------------------------------------------------------------
     "trainer.nnodes=$nnodes"
     "trainer.n_gpus_per_node=$ngpus"
-    "trainer.project_name=${PROJECT_NAME:-mrtpo}"
+    "trainer.project_name=$project"
     "trainer.experiment_name=$experiment"
+    "trainer.default_local_dir='$MRTPO_ROOT/checkpoints/$project/$experiment'"  # checkpoints + relevance dumps, per seed
     trainer.total_training_steps=100  # ~GDPO's run (15 epochs of ToolRL's 4k rows at 512 ~ 105 steps), the same
     trainer.total_epochs=100          # for every task whatever its size: >= 1 step per epoch, so the steps decide
     trainer.val_before_train=True     # step-0 scores of the base model
@@ -329,10 +377,19 @@ mrtpo_launch() {
     "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
   )
 
+  args+=("${SEED_ARGS[@]}")
+  if [ -n "$smoke" ]; then
+    _mrtpo_smoke "$((nnodes * ngpus))"
+    args+=("${SMOKE_ARGS[@]}")
+    mrtpo_log "SMOKE=1: $(printf '%s ' "${SMOKE_ARGS[@]}")"
+  fi
+
   local py
   py="$(mrtpo_python)"
+  # A dry run composes the same config through Hydra's compose API and runs the launch's own checks on it
+  # (run_scripts/dry_run.py); a real run is verl's entry point.
   local -a cmd=("$py" -m recipe.mrtpo.main_mrtpo)
-  [ -z "$DRY_RUN_ON" ] || cmd+=(--cfg job --resolve)
+  [ -z "$DRY_RUN_ON" ] || cmd=("$py" "$MRTPO_ROOT/run_scripts/dry_run.py")
   cmd+=("${args[@]}" "${ALGO_ARGS[@]}" "$@")
 
   cd "$MRTPO_ROOT" || mrtpo_die "cannot cd to $MRTPO_ROOT"

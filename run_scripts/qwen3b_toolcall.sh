@@ -3,7 +3,9 @@
 # Data: python -m data_prep.build_offline --out-dir data   (data/bfcl)
 #   bash run_scripts/qwen3b_toolcall.sh                              # MRTPO on 1 node x 8 GPUs
 #   ALGO=gdpo bash run_scripts/qwen3b_toolcall.sh                    # baselines / ablations: grpo | gdpo | cort | shuffle
-#   DRY_RUN=1 bash run_scripts/qwen3b_toolcall.sh                    # print the composed config only (no Ray, no GPU)
+#   DRY_RUN=1 bash run_scripts/qwen3b_toolcall.sh                    # compose + check the config, print it (no Ray, no GPU)
+#   SMOKE=1 bash run_scripts/qwen3b_toolcall.sh                      # first GPU run: 2 small steps, replay from step 1, dumps on
+#   SEED=1 bash run_scripts/qwen3b_toolcall.sh                       # another seed: its own experiment name and checkpoints
 #   MODEL_PATH=/models/... TRAIN_FILES=... VAL_FILES=a,b NNODES=2 bash run_scripts/qwen3b_toolcall.sh trainer.save_freq=20
 # Every extra argument is a Hydra override passed to verl last (it wins). Hyper-parameters and the
 # environment variables are in run_scripts/common.sh.

@@ -2,10 +2,12 @@
 
 Two kinds of checks, neither of which can start Ray or a training run:
 
-- dry runs (``DRY_RUN=1``): every script through the real entry point with Hydra's ``--cfg job
-  --resolve``; the YAML it prints is parsed, passed through ``main_mrtpo.check_config`` (which the dry run
-  itself skips) and checked (estimator, reward manager, replay switches,
-  model and data paths, nodes/GPUs from the environment, hyper-parameters, the extra override winning).
+- dry runs (``DRY_RUN=1``): every script composes its config through ``run_scripts/dry_run.py`` (Hydra's
+  compose API, then the launch's own checks); the YAML it prints is parsed, passed through
+  ``main_mrtpo.check_config`` once more and checked (estimator, reward manager, replay switches,
+  model and data paths, nodes/GPUs from the environment, hyper-parameters, seeds and the checkpoint folder,
+  the extra override winning). ``SMOKE=1 DRY_RUN=1`` composes for every script too; a config the launch
+  refuses (``mrtpo.beta=1.5``, a mistyped key) exits non-zero with one line.
   The ALGO values are spread over the nine scripts so that each value runs at least once (the ALGO
   switch lives in common.sh, shared by all scripts); the nine runs go two at a time (~10 s each).
 - launches with a stand-in interpreter (``MRTPO_VENV`` pointing at a fake ``bin/python`` that only
@@ -14,6 +16,7 @@ Two kinds of checks, neither of which can start Ray or a training run:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -27,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"
 SIZES = {"1.5b": "1.5B", "3b": "3B", "7b": "7B"}
 TASKS = ("ifbench", "text2sql", "toolcall")
-ROLLOUT_TP = {"1.5b": 1, "3b": 1, "7b": 2}
+ROLLOUT_TP = {"1.5b": 1, "3b": 1, "7b": 1}  # a 7B engine fits one 80 GB GPU
 DEFAULT_DATA = {
     "ifbench": (["data/instruction_following/train.parquet"], ["data/ifeval/test.parquet", "data/ifbench/test.parquet"]),
     "text2sql": (["data/chinook/train.parquet"], ["data/chinook/test.parquet"]),  # DATA_SET=offline
@@ -59,13 +62,28 @@ DRY_RUNS = {
 # scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
 CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
 EXTRA = ["trainer.test_freq=7", "data.train_batch_size=64"]  # the script sets 10 and 512: the extras must win
-DRY_TIMEOUT_S = 180
+DRY_TIMEOUT_S = 600  # ~10 s on a quiet machine; minutes when the machine is shared
+PPO_TOKENS = {"1.5b": 24576, "3b": 16384, "7b": 24576}
+LOGPROB_TOKENS = {"1.5b": 32768, "3b": 32768, "7b": 24576}
+# every seed verl 0.9.1 and the recipe read for a run of these scripts (SEED sets them all)
+SEED_KEYS = ("data.seed", "actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.rollout.seed",
+             "actor_rollout_ref.actor.fsdp_config.seed", "actor_rollout_ref.ref.fsdp_config.seed", "mrtpo.seed")
+
+
+def _at(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def _seeds(cfg: dict) -> dict:
+    return {k: _at(cfg, k) for k in SEED_KEYS}
 
 
 def _base_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ALGO", "DRY_RUN", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES",
                                                              "NNODES", "N_GPUS_PER_NODE", "EXPERIMENT_NAME", "PROJECT_NAME",
-                                                             "MRTPO_VENV")}
+                                                             "MRTPO_VENV", "SEED", "SMOKE", "DATA_SET", "MRTPO_TRACEBACK")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 
@@ -134,7 +152,7 @@ def test_dry_run_config(dry_runs, name):
     assert res.returncode == 0, f"{name} failed (rc {res.returncode}):\n{res.stderr[-4000:]}"
     cfg = yaml.safe_load(res.stdout)  # stdout is the composed config and nothing else
     assert isinstance(cfg, dict) and "actor_rollout_ref" in cfg, res.stdout[:2000]
-    assert "--cfg job --resolve" in res.stderr  # the echoed command line
+    assert "run_scripts/dry_run.py" in res.stderr  # the echoed command line
     # every mandatory value is set, but that of verl's generative reward model, which the recipe leaves off
     assert _missing_values(cfg) == ["reward.reward_model.rollout.name"]
     assert not cfg["reward"]["reward_model"]["enable"]
@@ -172,7 +190,15 @@ def test_dry_run_config(dry_runs, name):
     assert cfg["data"]["train_files"] == (run["train"] or [str(REPO / p) for p in train])
     assert cfg["data"]["val_files"] == (run["val"] or [str(REPO / p) for p in val])
     model_tag = Path(run["model"] or default_model).name.lower()
-    assert cfg["trainer"]["experiment_name"] == f"{model_tag}_{task}_{algo}"
+    assert cfg["trainer"]["experiment_name"] == f"{model_tag}_{task}_{algo}_seed0"  # SEED unset: 0
+    assert cfg["trainer"]["default_local_dir"] == str(REPO / "checkpoints" / "mrtpo" / f"{model_tag}_{task}_{algo}_seed0")
+    assert _seeds(cfg) == {k: 0 for k in SEED_KEYS}
+    # knobs that do nothing are not set: verl offloads the FSDP2 reference anyway; dynamic bsz packs the replay
+    assert arr["ref"]["fsdp_config"]["param_offload"] is False and cfg["mrtpo"]["replay_micro_batch_size"] == 8
+    assert arr["rollout"]["log_prob_use_dynamic_bsz"] is True
+    assert arr["rollout"]["log_prob_max_token_len_per_gpu"] == LOGPROB_TOKENS[size]
+    assert arr["actor"]["ppo_max_token_len_per_gpu"] == PPO_TOKENS[size]
+    assert cfg["trainer"]["val_before_train"] is True and cfg["mrtpo"]["dump"]["every_n_steps"] == 0  # not a smoke run
 
     # cluster shape from the environment
     assert (cfg["trainer"]["nnodes"], cfg["trainer"]["n_gpus_per_node"]) == (3, 4)
@@ -220,6 +246,114 @@ def test_rlsd_composes_in_every_script(tmp_path, name):
     assert check_config(OmegaConf.create(cfg)).name == "rlsd"
 
 
+def _plain_dry_run(script: str, workdir: Path, extra=(), **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / f"{script}.sh"), *extra], cwd=workdir, env=_base_env(DRY_RUN="1", **env),
+                          capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
+
+
+# script -> the SEED of its smoke dry run (every script once; seeds differ so the names are checked too)
+SMOKE_SEEDS = {name: i for i, name in enumerate(sorted(DRY_RUNS))}
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> dict:
+    """``SMOKE=1 DRY_RUN=1`` of all nine scripts, two at a time; {script name: CompletedProcess}."""
+    base = tmp_path_factory.mktemp("smoke")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {n: pool.submit(_plain_dry_run, n, base, SMOKE="1", SEED=str(k)) for n, k in SMOKE_SEEDS.items()}
+        return {n: f.result() for n, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_smoke_dry_run_composes_the_preset(smoke_runs, name):
+    res = smoke_runs[name]
+    assert res.returncode == 0, f"{name} failed (rc {res.returncode}):\n{res.stderr[-4000:]}"
+    cfg = yaml.safe_load(res.stdout)
+    seed = SMOKE_SEEDS[name]
+    size, task = _split(name)
+    # the overrides are shown, and the preset is in the composed config
+    shown = next(line for line in res.stderr.splitlines() if line.startswith("[mrtpo] SMOKE=1: "))
+    assert "mrtpo.warmup_steps=0" in shown and "trainer.total_training_steps=2" in shown
+    assert cfg["mrtpo"]["warmup_steps"] == 0 and cfg["mrtpo"]["beta"] == 0.5  # step 1 replays with the full beta
+    assert cfg["trainer"]["val_before_train"] is False and cfg["trainer"]["test_freq"] == -1
+    assert cfg["trainer"]["total_training_steps"] == 2
+    assert cfg["data"]["train_batch_size"] == 16 and cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 16  # 8 GPUs
+    assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["resume_mode"] == "disable"
+    assert cfg["mrtpo"]["dump"]["every_n_steps"] == 1
+    assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == ROLLOUT_TP[size]
+    assert cfg["trainer"]["experiment_name"].endswith(f"_{task}_mrtpo_smoke_seed{seed}")
+    assert cfg["trainer"]["default_local_dir"].endswith(f"/{cfg['trainer']['experiment_name']}")
+    assert cfg["mrtpo"]["dump"]["dir"] == cfg["trainer"]["default_local_dir"] + "/relevance_dumps"
+    assert _seeds(cfg) == {k: seed for k in SEED_KEYS}
+
+
+def test_two_seeds_never_share_a_checkpoint_folder(tmp_path, dry_runs, smoke_runs):
+    """Seeds 1 and 2 of one method under a hand-given EXPERIMENT_NAME, beside the default-named runs (seed 0 of
+    the plain dry runs, seeds 0-8 of the smoke runs): every run has its own checkpoint folder, named by its seed."""
+    dirs = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {seed: pool.submit(_plain_dry_run, "qwen1.5b_ifbench", tmp_path, SEED=seed, EXPERIMENT_NAME="my_run")
+                   for seed in ("1", "2")}
+        for seed, fut in futures.items():
+            res = fut.result()
+            assert res.returncode == 0, res.stderr[-3000:]
+            cfg = yaml.safe_load(res.stdout)
+            tr = cfg["trainer"]
+            assert tr["experiment_name"] == f"my_run_seed{seed}"
+            assert tr["default_local_dir"] == str(REPO / "checkpoints" / "mrtpo" / f"my_run_seed{seed}")
+            assert _seeds(cfg) == {k: int(seed) for k in SEED_KEYS}
+            dirs.append(tr["default_local_dir"])
+    for runs in (dry_runs, smoke_runs):
+        for run in runs.values():
+            res = run["res"] if isinstance(run, dict) else run
+            dirs.append(yaml.safe_load(res.stdout)["trainer"]["default_local_dir"])
+    assert len(set(dirs)) == len(dirs) == 2 + 9 + 9
+
+
+def test_dry_run_refuses_what_a_launch_refuses_in_one_line(tmp_path):
+    res = _plain_dry_run("qwen3b_toolcall", tmp_path, ["mrtpo.beta=1.5"])
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stdout == ""
+    refused = [line for line in res.stderr.splitlines() if "config refused" in line]
+    assert len(refused) == 1 and "ValueError: mrtpo.beta must be in [0, 1)" in refused[0], res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+
+
+def _load_dry_run():
+    spec = importlib.util.spec_from_file_location("mrtpo_dry_run", SCRIPTS / "dry_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["mrtpo.bta=0.3"], "(key mrtpo.bta)"),  # a mistyped key
+        (["actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.temperature=0"],
+         "temperature should be greater than 0"),  # verl's own validate_config
+        (["algorithm.use_kl_in_reward=True"], "use_kl_in_reward=True has no effect"),  # the recipe's check_config
+    ],
+)
+def test_dry_run_entry_says_one_line_per_refusal(capsys, monkeypatch, overrides, message):
+    monkeypatch.delenv("MRTPO_TRACEBACK", raising=False)
+    dry_run = _load_dry_run()
+    base = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "data.train_files=[x.parquet]", "data.val_files=[y.parquet]",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True"]
+    assert dry_run.main(base) == 0
+    assert "adv_estimator: mrtpo" in capsys.readouterr().out
+    assert dry_run.main(base + overrides) == dry_run.REFUSED
+    out, err = capsys.readouterr()
+    refused = [line for line in err.splitlines() if "config refused" in line]
+    assert out == "" and len(refused) == 1 and message in refused[0], err
+
+
+def test_bad_seed_and_smoke_values_fail_before_anything_runs(tmp_path):
+    for env, message in (({"SEED": "-1"}, "SEED must be a non-negative integer"), ({"SMOKE": "on"}, "SMOKE must be 1 or 0")):
+        res = _plain_dry_run("qwen3b_toolcall", tmp_path, **env)
+        assert res.returncode == 1 and message in res.stderr, res.stderr
+
+
 # --------------------------------------------------------------------- launches with a stand-in python
 @pytest.fixture()
 def fake_venv(tmp_path) -> tuple[Path, Path]:
@@ -261,6 +395,9 @@ def test_real_launch_command(tmp_path, fake_venv):
     assert f"data.train_files=['{tmp_path / 'train.parquet'}']" in argv
     assert "trainer.nnodes=1" in argv and "trainer.n_gpus_per_node=8" in argv  # the defaults
     assert "actor_rollout_ref.model.path='Qwen/Qwen2.5-7B-Instruct'" in argv
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in argv
+    assert not [a for a in argv if "ref.fsdp_config.param_offload" in a or "replay_micro_batch_size" in a]
+    assert "trainer.experiment_name=qwen2.5-7b-instruct_toolcall_shuffle_seed0" in argv and "data.seed=0" in argv
 
 
 def test_missing_data_fails_before_launch(tmp_path, fake_venv):

