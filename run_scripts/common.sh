@@ -155,6 +155,7 @@ _mrtpo_size() {
 # _mrtpo_task TASK: default model family and data of each task (files as data_prep writes them); the
 # defaults are the offline sets (DATA_SET=offline), _mrtpo_data_set switches them for the other data sets.
 _mrtpo_task() {
+  TRAIN_BATCH=512  # prompts per step (GDPO's tool-calling setup); a data set smaller than that sets its own
   case "$1" in
     ifbench)
       # Train: multi-constraint prompts (one reward per constraint); validate on IFEval and IFBench.
@@ -190,11 +191,9 @@ _mrtpo_task() {
 _mrtpo_data_set() {
   case "${DATA_SET:-offline}/$1" in
     offline/text2sql)
-      # Chinook's 197 training rows are fewer than data.train_batch_size=512, which would leave verl's
-      # loader (drop_last) without a batch: 128 fits (one batch per epoch, one actor update per step as
-      # ppo_mini_batch_size=128). The caller's overrides come last, so the note names the one to pass.
-      mrtpo_log "DATA_SET=offline text2sql trains on Chinook (data/chinook/train.parquet: 197 rows < data.train_batch_size=512):" \
-        "pass data.train_batch_size=128 (any value <= 197) on the command line"
+      # Chinook's 197 training rows are fewer than 512 prompts a step, which would leave verl's loader
+      # (drop_last) without a batch: 128 (one batch per epoch, one actor update per step at ppo_mini_batch_size=128).
+      TRAIN_BATCH=128
       ;;
     offline/*) ;;
     public/ifbench)
@@ -230,6 +229,25 @@ _mrtpo_algo() {
   local out
   out="$(PYTHONPATH="$MRTPO_ROOT" python3 -m recipe.mrtpo.methods overrides "$1")" || mrtpo_die "no overrides for ALGO '$1'"
   mapfile -t ALGO_ARGS <<<"$out"
+  ALGO_READS="$(PYTHONPATH="$MRTPO_ROOT" python3 -m recipe.mrtpo.methods reads "$1")" || mrtpo_die "no knobs for ALGO '$1'"
+}
+
+# _mrtpo_read_only ARRAY: drop from the named array the recipe's own mrtpo.* overrides that ALGO does not read
+# (ALGO_READS, from the registry): the registry refuses a knob its method would ignore, and one command line
+# serves every method. The caller's own overrides are never filtered (an inert one of theirs is refused).
+_mrtpo_read_only() {
+  local -n _arr="$1"
+  local -a kept=()
+  local a knob
+  for a in "${_arr[@]}"; do
+    if [[ "$a" == mrtpo.* ]]; then
+      knob="${a#mrtpo.}"
+      knob="${knob%%[.=]*}"
+      [[ " $ALGO_READS " == *" $knob "* ]] || continue
+    fi
+    kept+=("$a")
+  done
+  _arr=("${kept[@]}")
 }
 
 # mrtpo_flag NAME VALUE: 1 for 1/true/yes, empty for 0/false/no/unset, else a clear error.
@@ -250,7 +268,7 @@ _mrtpo_seed() {
     "actor_rollout_ref.rollout.seed=$1"            # vLLM sampling (replica rank + seed) and PYTHONHASHSEED of the workers
     "actor_rollout_ref.actor.fsdp_config.seed=$1"  # engine seeds, read under fsdp_config.full_determinism=True
     "actor_rollout_ref.ref.fsdp_config.seed=$1"
-    "mrtpo.seed=$1"                                # the shuffle ablation's permutations (with the step)
+    "mrtpo.seed=$1"                                # the shuffle ablation's permutations (with the step); shuffle only
   )
 }
 
@@ -317,7 +335,7 @@ mrtpo_launch() {
     # --- data ------------------------------------------------------------------------------------------
     "data.train_files=$train_list"
     "data.val_files=$val_list"
-    data.train_batch_size=512                 # prompts per step (GDPO's tool-calling setup); x n = 2048 responses
+    "data.train_batch_size=$TRAIN_BATCH"      # prompts per step: 512 (GDPO's tool-calling setup; x n = 2048 responses), Chinook 128
     "data.max_prompt_length=$MAX_PROMPT_LENGTH"  # 2048 as GDPO; 4096 for SQL schemas
     data.max_response_length=1024             # GDPO's tool-calling setup
     data.filter_overlong_prompts=True         # drop (and count) prompts over max_prompt_length instead of failing
@@ -354,7 +372,7 @@ mrtpo_launch() {
     # --- algorithm ---------------------------------------------------------------------------------------
     algorithm.use_kl_in_reward=False                  # the KL is in the loss (above), not in the reward
     algorithm.norm_adv_by_std_in_grpo=True
-    # MRTPO's knobs (docs/design.md §1); read only by adv_estimator=mrtpo.
+    # MRTPO's knobs (docs/design.md §1); passed only to the methods that read them (_mrtpo_read_only).
     mrtpo.beta=0.5                # reallocation strength after warm-up (0 = GDPO)
     mrtpo.warmup_steps=10         # beta ramps in with a smoothstep over the first 10 steps
     mrtpo.max_realloc_rms=1.0     # rho: RMS bound on the reallocated part w - 1 per (sample, reward)
@@ -378,8 +396,10 @@ mrtpo_launch() {
   )
 
   args+=("${SEED_ARGS[@]}")
+  _mrtpo_read_only args
   if [ -n "$smoke" ]; then
     _mrtpo_smoke "$((nnodes * ngpus))"
+    _mrtpo_read_only SMOKE_ARGS
     args+=("${SMOKE_ARGS[@]}")
     mrtpo_log "SMOKE=1: $(printf '%s ' "${SMOKE_ARGS[@]}")"
   fi

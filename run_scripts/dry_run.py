@@ -6,8 +6,10 @@ The config is composed through Hydra's compose API from the recipe's ``mrtpo_tra
 overrides as ``python -m recipe.mrtpo.main_mrtpo``, then checked as ``main_mrtpo.run`` checks it before Ray
 starts: :func:`recipe.mrtpo.main_mrtpo.check_config` (the recipe's knobs and the verl settings the replay
 needs) and verl's own ``validate_config`` (batch sizes against the GPUs, token budgets). A config either
-passes (resolved YAML on stdout, exit 0) or is refused with one line on stderr and exit status 2; the
-traceback behind it with ``MRTPO_TRACEBACK=1``. Nothing is started.
+passes (resolved YAML on stdout, exit 0) or is refused with one line on stderr and exit status 2, the
+same line a launch prints (:mod:`recipe.mrtpo.launch_errors`; the traceback with ``--debug`` or
+``MRTPO_DEBUG=1``). Local data files and model folders are not required (the launch checks them).
+Nothing is started.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,44 +34,27 @@ def compose_config(overrides: list[str]):
         return compose(config_name="mrtpo_trainer", overrides=list(overrides))
 
 
-def check_launch(config) -> None:
-    """The checks ``recipe.mrtpo.main_mrtpo.run`` makes before it starts Ray (all but the device choice)."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-
-    from recipe.mrtpo.main_mrtpo import check_config
-
-    check_config(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-
-
-def one_line(exc: BaseException) -> str:
-    """The exception as one line: its type and the first line of its message (Hydra's cause when it wraps one)."""
-    while exc.__cause__ is not None and type(exc).__name__ in ("ConfigCompositionException", "InstantiationException"):
-        exc = exc.__cause__
-    text = str(exc).strip().splitlines()
-    line = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-    full_key = getattr(exc, "full_key", None)  # OmegaConf names the whole dotted key apart from its message
-    return f"{line} (key {full_key})" if full_key and str(full_key) not in line else line
-
-
 def main(argv: list[str] | None = None) -> int:
-    overrides = sys.argv[1:] if argv is None else argv
+    overrides = list(sys.argv[1:] if argv is None else argv)
     if overrides[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
     from omegaconf import OmegaConf
 
+    from recipe.mrtpo.launch_errors import DEBUG_ENV, DEBUG_FLAG, launch_errors_in_one_line
+    from recipe.mrtpo.main_mrtpo import check_launch
+
+    if DEBUG_FLAG in overrides:
+        overrides = [o for o in overrides if o != DEBUG_FLAG]
+        os.environ[DEBUG_ENV] = "1"
     try:
-        config = compose_config(overrides)
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the YAML only (verl prints its verdict)
-            check_launch(config)
-        text = OmegaConf.to_yaml(config, resolve=True)
-    except Exception as exc:  # every refusal, whatever raised it, as one line (the traceback behind a flag)
-        if os.environ.get("MRTPO_TRACEBACK") == "1":
-            traceback.print_exc()
-        print(f"[mrtpo] config refused: {one_line(exc)}  (MRTPO_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return REFUSED
+        with launch_errors_in_one_line("DRY_RUN"):
+            config = compose_config(overrides)
+            with contextlib.redirect_stdout(sys.stderr):  # stdout carries the YAML only (verl prints its verdict)
+                check_launch(config, local_paths=False)
+            text = OmegaConf.to_yaml(config, resolve=True)
+    except SystemExit as exc:  # a refused config: its one line is on stderr
+        return int(exc.code or REFUSED)
     sys.stdout.write(text)
     return 0
 

@@ -39,20 +39,34 @@ def check_config(config):
     return methods.resolve(config)
 
 
-def run(config) -> None:
-    check_config(config)
-    auto_set_device(config)
+def check_launch(config, local_paths: bool = True):
+    """Every check a launch makes before Ray starts, in order; returns the run's method.
+
+    :func:`check_config` (the recipe), :func:`recipe.mrtpo.launch_errors.check_local_paths` (a local model
+    folder or data file that does not exist; ``local_paths=False`` for a dry run, which composes on a machine
+    without the data) and verl's own ``validate_config`` (batch sizes against the GPUs, token budgets).
+    ``run_scripts/dry_run.py`` (``DRY_RUN=1``) runs the same function.
+    """
+    from recipe.mrtpo.launch_errors import check_local_paths
+
+    method = check_config(config)  # first: its errors name the key that was typed
+    if local_paths:
+        check_local_paths(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return method
+
+
+def run(config) -> None:
+    auto_set_device(config)
+    check_launch(config)
     run_ppo(config, task_runner_class=MRTPOTaskRunner)
 
 
 @hydra.main(config_path="config", config_name="mrtpo_trainer", version_base=None)
 def main(config) -> None:
-    from recipe.mrtpo.launch_errors import check_local_paths, launch_errors_in_one_line
+    from recipe.mrtpo.launch_errors import launch_errors_in_one_line
 
     with launch_errors_in_one_line():
-        check_config(config)  # first: its errors name the key that was typed (run() repeats it, cheaply)
-        check_local_paths(config)
         run(config)
 
 

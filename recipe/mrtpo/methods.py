@@ -18,7 +18,7 @@ A method is what ``ALGO=<name>`` selects in the run scripts and what a report ro
 
 The module imports no torch and no verl at import time (the run scripts call its command line for every
 launch): ``python -m recipe.mrtpo.methods`` lists the methods, ``python -m recipe.mrtpo.methods overrides
-NAME`` prints a method's Hydra overrides, one per line.
+NAME`` prints a method's Hydra overrides, one per line; ``reads NAME`` the ``mrtpo.*`` knobs it reads.
 """
 
 from __future__ import annotations
@@ -396,7 +396,14 @@ def main(argv: list[str]) -> int:
             return 2
         print("\n".join(METHODS[argv[1]].overrides))
         return 0
-    print("usage: python -m recipe.mrtpo.methods [list | names | overrides NAME]", file=sys.stderr)
+    if argv[0] == "reads" and len(argv) == 2:  # the mrtpo.* knobs NAME reads (the run scripts set only these)
+        if argv[1] not in METHODS:
+            print(f"unknown method '{argv[1]}' (one of: {' '.join(names())})", file=sys.stderr)
+            return 2
+        m = METHODS[argv[1]]
+        print(" ".join(dict.fromkeys((*m.reads, *SELECTORS, *RESOURCE_KNOBS))))
+        return 0
+    print("usage: python -m recipe.mrtpo.methods [list | names | overrides NAME | reads NAME]", file=sys.stderr)
     return 2
 
 

@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
+import recipe.mrtpo.config  # noqa: F401  (registers the mrtpo group's schema, as the entry point does)
 from recipe.mrtpo.launch_errors import check_local_paths, is_launch_error, launch_errors_in_one_line, one_line
 
 REPO = Path(__file__).resolve().parents[2]

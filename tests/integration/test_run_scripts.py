@@ -83,7 +83,7 @@ def _seeds(cfg: dict) -> dict:
 def _base_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ALGO", "DRY_RUN", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES",
                                                              "NNODES", "N_GPUS_PER_NODE", "EXPERIMENT_NAME", "PROJECT_NAME",
-                                                             "MRTPO_VENV", "SEED", "SMOKE", "DATA_SET", "MRTPO_TRACEBACK")}
+                                                             "MRTPO_VENV", "SEED", "SMOKE", "DATA_SET", "MRTPO_DEBUG")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 
@@ -314,8 +314,8 @@ def test_dry_run_refuses_what_a_launch_refuses_in_one_line(tmp_path):
     res = _plain_dry_run("qwen3b_toolcall", tmp_path, ["mrtpo.beta=1.5"])
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stdout == ""
-    refused = [line for line in res.stderr.splitlines() if "config refused" in line]
-    assert len(refused) == 1 and "ValueError: mrtpo.beta must be in [0, 1)" in refused[0], res.stderr[-3000:]
+    refused = [line for line in res.stderr.splitlines() if line.startswith("DRY_RUN: error: ")]
+    assert len(refused) == 1 and "mrtpo.beta must be in [0, 1)" in refused[0], res.stderr[-3000:]
     assert "Traceback" not in res.stderr
 
 
@@ -329,14 +329,14 @@ def _load_dry_run():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["mrtpo.bta=0.3"], "(key mrtpo.bta)"),  # a mistyped key
+        (["mrtpo.bta=0.3"], "unknown config key 'mrtpo.bta' (did you mean 'mrtpo.beta'?)"),  # a mistyped key
         (["actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.temperature=0"],
          "temperature should be greater than 0"),  # verl's own validate_config
         (["algorithm.use_kl_in_reward=True"], "use_kl_in_reward=True has no effect"),  # the recipe's check_config
     ],
 )
 def test_dry_run_entry_says_one_line_per_refusal(capsys, monkeypatch, overrides, message):
-    monkeypatch.delenv("MRTPO_TRACEBACK", raising=False)
+    monkeypatch.delenv("MRTPO_DEBUG", raising=False)
     dry_run = _load_dry_run()
     base = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "data.train_files=[x.parquet]", "data.val_files=[y.parquet]",
             "actor_rollout_ref.actor.use_dynamic_bsz=True"]
@@ -344,8 +344,8 @@ def test_dry_run_entry_says_one_line_per_refusal(capsys, monkeypatch, overrides,
     assert "adv_estimator: mrtpo" in capsys.readouterr().out
     assert dry_run.main(base + overrides) == dry_run.REFUSED
     out, err = capsys.readouterr()
-    refused = [line for line in err.splitlines() if "config refused" in line]
-    assert out == "" and len(refused) == 1 and message in refused[0], err
+    refused = [line for line in err.splitlines() if line.startswith("DRY_RUN: error: ")]
+    assert out == "" and len(refused) == 1 and message in refused[0], err  # the line a launch prints (launch_errors)
 
 
 def test_bad_seed_and_smoke_values_fail_before_anything_runs(tmp_path):
@@ -433,10 +433,10 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 
-def test_offline_text2sql_trains_on_chinook_and_says_the_batch_size_that_fits(tmp_path, fake_venv):
-    """DATA_SET=offline (the default) text-to-SQL: the Chinook set build_offline writes, not Spider; the
-    script names the data.train_batch_size that fits Chinook's train split (verl drops the last partial
-    batch, so 512 > its rows would leave no batch), and with that override the config composes."""
+def test_offline_text2sql_trains_on_chinook_with_a_batch_that_fits(tmp_path, fake_venv):
+    """DATA_SET=offline (the default) text-to-SQL: the Chinook set build_offline writes, not Spider, with a
+    data.train_batch_size that fits Chinook's train split (verl drops the last partial batch, so 512 > its
+    rows would leave no batch); a batch size the caller gives still wins."""
     build = subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out-dir", str(tmp_path / "data"),
                             "--only", "chinook"], cwd=REPO, env=_base_env(PYTHONPATH=str(REPO)),
                            capture_output=True, text=True, timeout=300)
@@ -445,7 +445,7 @@ def test_offline_text2sql_trains_on_chinook_and_says_the_batch_size_that_fits(tm
 
     n_train = pq.read_metadata(tmp_path / "data" / "chinook" / "train.parquet").num_rows
     assert pq.read_metadata(tmp_path / "data" / "chinook" / "test.parquet").num_rows > 0
-    res = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh"), "data.train_batch_size=128"], cwd=tmp_path,
+    res = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh")], cwd=tmp_path,
                          env=_base_env(DRY_RUN="1", DATA_SET="offline"), capture_output=True, text=True,
                          timeout=DRY_TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -453,8 +453,9 @@ def test_offline_text2sql_trains_on_chinook_and_says_the_batch_size_that_fits(tm
     assert cfg["data"]["train_files"] == [str(REPO / "data/chinook/train.parquet")]
     assert cfg["data"]["val_files"] == [str(REPO / "data/chinook/test.parquet")]
     assert cfg["data"]["train_batch_size"] == 128 <= n_train < 512  # the launch's own 512 would not fit
-    assert f"train.parquet: {n_train} rows" in res.stderr and "data.train_batch_size=128" in res.stderr
-    assert f"any value <= {n_train}" in res.stderr
+    mine = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh"), "data.train_batch_size=64"], cwd=tmp_path,
+                          env=_base_env(DRY_RUN="1", DATA_SET="offline"), capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
+    assert mine.returncode == 0 and yaml.safe_load(mine.stdout)["data"]["train_batch_size"] == 64, mine.stderr[-3000:]
     assert "spider" not in res.stderr.lower().split("--cfg job", 1)[0]  # nothing asks for Spider files
     # missing offline data: the error names the command that builds it
     missing, lines = _launch(tmp_path, fake_venv, script="qwen7b_text2sql", TRAIN_FILES=str(tmp_path / "nope.parquet"),
@@ -469,3 +470,17 @@ def test_offline_text2sql_trains_on_chinook_and_says_the_batch_size_that_fits(tm
     cfg = yaml.safe_load(public.stdout)
     assert cfg["data"]["train_files"] == [str(REPO / "data/spider/train.parquet")]
     assert cfg["data"]["val_files"] == [str(REPO / p) for p in ("data/spider/test.parquet", "data/bird/test.parquet")]
+
+
+@pytest.mark.parametrize("algo, seed_read, dump_read", [("gdpo", False, True), ("grpo", False, False), ("shuffle", True, True)])
+def test_seed_and_smoke_reach_each_method_only_through_the_knobs_it_reads(tmp_path, algo, seed_read, dump_read):
+    """SEED=3 SMOKE=1 composes for every method: the recipe's own mrtpo.* settings (mrtpo.seed, the smoke
+    preset's warm-up and dumps) are passed only where the registry says the method reads them (else the
+    launch would refuse them as inert), while verl's seeds are set for all."""
+    res = _plain_dry_run("qwen1.5b_ifbench", tmp_path, ALGO=algo, SEED="3", SMOKE="1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = yaml.safe_load(res.stdout)
+    assert cfg["data"]["seed"] == 3 and cfg["actor_rollout_ref"]["rollout"]["seed"] == 3
+    assert cfg["mrtpo"]["seed"] == (3 if seed_read else 0)
+    assert cfg["mrtpo"]["dump"]["every_n_steps"] == (1 if dump_read else 0)
+    assert cfg["trainer"]["experiment_name"].endswith(f"_{algo}_smoke_seed3")
