@@ -2,7 +2,7 @@
 
 :func:`run_replay` is what the trainer's advantage step calls for ``adv_estimator=mrtpo``: it plans the
 pairs to replay (``core.replay_plan``, ``docs/design.md`` §1.2 and §2), pads the packed rows to the
-data-parallel size, calls ``dispatch`` (the worker group's ``compute_replay_relevance``, or any function
+data-parallel size, orders them so that each rank's contiguous share holds similar tokens, calls ``dispatch`` (the worker group's ``compute_replay_relevance``, or any function
 with the same contract in tests), maps the workers' compact answer (one half-precision relevance row per
 replayed variant, §5) to rewards, and returns a :class:`ReplayResult`. No verl import: the trainer
 passes the worker call and the chat-template renderer in.
@@ -18,14 +18,16 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
+from recipe.mrtpo.core.passes import response_lengths
 from recipe.mrtpo.core.prompt_variants import rollout_prompt_variant
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
+from recipe.mrtpo.pass_driver import balanced_order, pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 
 # dispatch(inputs: dict of packed tensors [R', ...], settings: dict) ->
 #   {"variant_relevance": [R', NV', T] (any float dtype; row j - 1 = variant j), "replay_logprobs": [R', T],
-#    optionally "replay_forwards": [R', 2] (each row's rank: own and agreed forward counts)}
+#    optionally "replay_forwards": [R', 4] (each row's rank: its pass counts, ``pass_driver.pass_metrics``)}
 Dispatch = Callable[[dict, dict], dict]
 
 
@@ -100,35 +102,37 @@ def run_replay(
         result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
     if plan.rows:
         inputs, _ = pad_rows({**plan.inputs, "logprob_variant": lp_variant}, dp_size)
+        # rows go to ranks in contiguous chunks: order them so that each chunk holds similar tokens
+        order = balanced_order(row_tokens(inputs), dp_size)
+        perm = torch.tensor(order, dtype=torch.long)
         settings = {
-            "temperature": float(temperature),
+            **pass_settings(cfg, temperature, pad_id, token_budget).to_wire(),
             "measure": cfg.measure_for_replay,
-            "micro_batch_size": cfg.replay_micro_batch_size,
-            "token_budget": int(token_budget or 0),
-            "chunk_size": int(cfg.chunk_size or 0),
-            "pad_token_id": int(pad_id),
             "compile_js": bool(cfg.compile_js),
         }
-        out = dispatch(inputs, settings)
+        out = dispatch({k: v.index_select(0, perm) for k, v in inputs.items()}, settings)
+        back = torch.empty_like(perm)
+        back[perm] = torch.arange(perm.numel())
         n = len(plan.rows)
-        rel = expand_relevance(out["variant_relevance"][:n], plan.inputs["pair_variant"])
+        rows_back = back[:n]  # where each planned row came back
+        rel = expand_relevance(out["variant_relevance"].index_select(0, rows_back), plan.inputs["pair_variant"])
         result.relevance[torch.tensor(plan.rows)] = rel
-        result.replay_logprobs = out["replay_logprobs"][:n].float()
+        result.replay_logprobs = out["replay_logprobs"].index_select(0, rows_back).float()
         if out.get("replay_forwards", None) is not None:
-            result.metrics.update(forward_metrics(out["replay_forwards"], dp_size))
+            result.metrics.update(pass_metrics(out["replay_forwards"], dp_size, "mrtpo/replay"))
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
 
 
-def forward_metrics(replay_forwards: torch.Tensor, dp_size: int) -> dict:
-    """Per-rank forward counts (rows are split across ranks in contiguous chunks): the most and fewest
-    real forwards of a rank, and the padding forwards the agreement added over all ranks (§5)."""
-    chunks = torch.as_tensor(replay_forwards).long().chunk(max(1, dp_size))
-    own = [int(c[0, 0]) for c in chunks if c.shape[0]]
-    agreed = [int(c[0, 1]) for c in chunks if c.shape[0]]
-    return {
-        "mrtpo/replay_forwards_max": max(own),
-        "mrtpo/replay_forwards_min": min(own),
-        "mrtpo/replay_padding_forwards": sum(a - o for a, o in zip(agreed, own)),
-    }
+def row_tokens(inputs: dict) -> list[int]:
+    """Tokens each packed row forwards: P_all and every replayed variant, each followed by the response up
+    to its last valid token (0 for a padding row)."""
+    resp = response_lengths(inputs["response_mask"])
+    lens = inputs["variant_lens"].long()
+    used = torch.zeros_like(lens, dtype=torch.bool)
+    pair = inputs["pair_variant"].long()
+    used.scatter_(1, pair.clamp(min=0), pair > 0)
+    used[:, 0] = (pair > 0).any(-1)
+    used &= (resp > 0).unsqueeze(-1)
+    return ((lens + resp.unsqueeze(-1)) * used).sum(-1).tolist()

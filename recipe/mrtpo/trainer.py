@@ -28,11 +28,9 @@ import re
 import numpy as np
 import ray
 import torch
-from tensordict import TensorDict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import verl_seam
@@ -41,6 +39,7 @@ from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoo
 from recipe.mrtpo.core.prompt_variants import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.opsd_step import write_opsd_teacher
+from recipe.mrtpo.pass_driver import dispatch_rows
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -223,10 +222,7 @@ class MRTPOTrainer(PPOTrainerSync):
         )
 
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:
-        td = TensorDict(inputs, batch_size=[inputs["pair_variant"].shape[0]])
-        tu.assign_non_tensor(td, **settings)
-        out = self.actor_rollout_wg.compute_replay_relevance(td)
-        return out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out
+        return dispatch_rows(self.actor_rollout_wg.compute_replay_relevance, inputs, settings)
 
     def _actor_dp_size(self) -> int:
         wg = self.actor_rollout_wg

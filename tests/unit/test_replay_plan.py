@@ -93,7 +93,8 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
     def dispatch(inputs, settings):
         seen.update(settings=settings, rows=inputs["pair_variant"].shape[0])
         R, NV = inputs["variant_lens"].shape
-        rows = torch.arange(R * (NV - 1) * T, dtype=torch.float32).view(R, NV - 1, T) / 100
+        # an answer that depends on the row's content, not its position (the driver orders rows for balance)
+        rows = (inputs["responses"][:, :1, None].float() + torch.arange((NV - 1) * T).view(1, NV - 1, T)) / 100
         forwards = torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]])  # rank 0: 3 forwards, rank 1: 1 (+2 padding)
         return {"variant_relevance": rows.to(torch.bfloat16), "replay_logprobs": torch.zeros(R, T),
                 "replay_forwards": forwards[:R]}
@@ -103,15 +104,18 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
                      dp_size=2, temperature=1.0, pad_id=0, token_budget=96)
     assert seen["settings"]["token_budget"] == 96 and seen["rows"] == 2
     assert res.relevance.dtype == torch.float32 and res.relevance.shape == (4, 2, T) and res.rows == [0, 1]
-    expect = (torch.arange(2 * 2 * T, dtype=torch.float32).view(2, 2, T) / 100).to(torch.bfloat16).float()
+    expect = ((responses[:2, :1, None].float() + torch.arange(2 * T).view(1, 2, T)) / 100).to(torch.bfloat16).float()
     # both rewards' variants of each row: pair a -> variant 1 (row 0), b -> variant 2 (row 1)
     assert torch.equal(res.relevance[:2], expect) and (res.relevance[2:] == 0).all()
     assert res.metrics["mrtpo/replay_forwards_max"] == 3 and res.metrics["mrtpo/replay_forwards_min"] == 3
     assert res.metrics["mrtpo/replay_padding_forwards"] == 0
-    from recipe.mrtpo.replay_driver import forward_metrics
+    from recipe.mrtpo.pass_driver import pass_metrics
 
-    m = forward_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2)
+    m = pass_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2, "mrtpo/replay")
     assert m == {"mrtpo/replay_forwards_max": 3, "mrtpo/replay_forwards_min": 1, "mrtpo/replay_padding_forwards": 2}
+    m = pass_metrics(torch.tensor([[3, 3, 90, 80], [3, 3, 90, 80], [1, 3, 30, 30], [1, 3, 30, 30]]), 2, "mrtpo/replay")
+    assert m["mrtpo/replay_tokens_max"] == 90 and m["mrtpo/replay_tokens_min"] == 30
+    assert m["mrtpo/replay_tokens_over_existing"] == 120 / 110
 
 
 def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
