@@ -141,7 +141,20 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
                      torch.ones(2, T, dtype=torch.long), [render(msgs)] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
     assert seen["lpv"] == [1, 1] and res.logprobs_are_rollout_prompt == [True, True]
     m = res.consistency_metrics(torch.ones(2, T), torch.full((2, T), -1.0))
-    assert m == {"mrtpo/consistency/rows": 2, "mrtpo/consistency/max_abs_logprob_diff": 0.0}
+    assert m["mrtpo/consistency/rows"] == 2 and m["mrtpo/consistency/max_abs_logprob_diff"] == 0.0
+    assert m["mrtpo/consistency/tokens"] == 2 * T and m["mrtpo/consistency/p99_abs_logprob_diff"] == 0.0
+    # a long tail: one token off by 1 among many, the max sees it, the mean and p99 hardly
+    from recipe.mrtpo.replay_driver import ReplayResult
+
+    tail = ReplayResult(relevance=torch.zeros(1, 1, 200), replayed=torch.ones(1, 1, dtype=torch.bool), rows=[0],
+                        replay_logprobs=torch.zeros(1, 200), logprobs_are_rollout_prompt=[True])
+    old = torch.zeros(1, 200)
+    old[0, :10] = 1e-3
+    old[0, 7] = 1.0
+    t = tail.consistency_metrics(torch.ones(1, 200), old)
+    assert t["mrtpo/consistency/max_abs_logprob_diff"] == 1.0
+    assert abs(t["mrtpo/consistency/mean_abs_logprob_diff"] - (1.0 + 9e-3) / 200) < 1e-7
+    assert 1e-3 - 1e-6 < t["mrtpo/consistency/p99_abs_logprob_diff"] < 1.0
     # a rollout prompt that matches no variant: no consistency row
     res2 = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
                       torch.ones(2, T, dtype=torch.long), [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
