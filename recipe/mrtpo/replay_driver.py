@@ -19,7 +19,6 @@ import torch
 
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.passes import response_lengths
-from recipe.mrtpo.core.prompt_variants import rollout_prompt_variant
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.pass_driver import balanced_order, pass_metrics, pass_settings
@@ -97,6 +96,7 @@ def run_replay(
     plan = build_replay_plan(
         table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
         max_prompt_length=cfg.max_replay_prompt_length, joint=cfg.mode == "cort", pad_id=pad_id,
+        rollout_prompts=rollout_prompts,
     )
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
     result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows))
@@ -105,9 +105,7 @@ def run_replay(
     # P_minus_correctness when only the appended block differs): its log-probs are verl's old_log_probs
     lp_variant = torch.zeros(len(plan.rows), dtype=torch.long)
     for r, _i in enumerate(plan.rows):
-        lens, ids = plan.inputs["variant_lens"][r], plan.inputs["variant_ids"][r]
-        variants = [ids[j, ids.shape[-1] - int(lens[j]):].tolist() if int(lens[j]) else [] for j in range(lens.shape[0])]
-        v = rollout_prompt_variant(variants, rollout_prompts[_i])
+        v = plan.rollout_variant[r]
         forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
         lp_variant[r] = v if v >= 0 and forwarded else 0
         result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)

@@ -214,12 +214,22 @@ class MRTPOTrainer(PPOTrainerSync):
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
         rollout = self.config.actor_rollout_ref.rollout  # verl's log-prob token budget bounds the replay's forwards too
         budget = int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
-        return run_replay(
+        # the planning renders each distinct prompt once, and tokenizes each distinct line-led piece of its
+        # text once (the variants of a group share all but a sentence or a block; checked against whole renders)
+        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
+        tok = self.tokenizer
+        render = CachedRender(
+            render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
+            encode=lambda text: tok(text, add_special_tokens=False)["input_ids"],
+        )
+        result = run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
-            rollout_prompts=_rows(meta["prompts"]), render=CachedRender(self._render), dispatch=self._dispatch_replay,
+            rollout_prompts=_rows(meta["prompts"]), render=render, dispatch=self._dispatch_replay,
             dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
             pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget,
         )
+        result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
+        return result
 
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:
         return dispatch_rows(self.actor_rollout_wg.compute_replay_relevance, inputs, settings)
