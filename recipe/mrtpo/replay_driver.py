@@ -40,6 +40,10 @@ class ReplayResult:
     replay_logprobs: Optional[torch.Tensor] = None  # [R, T]: log p(y_t | the row's rollout-prompt variant, else P_all)
     logprobs_are_rollout_prompt: list[bool] = field(default_factory=list)  # per replayed row
     metrics: dict = field(default_factory=dict)
+    # the fused old_log_prob step (``run_replay(fused=True)``): verl's old_log_probs and entropy of every sample
+    # [B, T] fp32 (0 where masked), from the replay's own forwards where a replayed variant is the rollout prompt
+    old_log_probs: Optional[torch.Tensor] = None
+    entropy: Optional[torch.Tensor] = None
 
     def consistency_metrics(self, response_mask: torch.Tensor, old_log_probs: Optional[torch.Tensor]) -> dict:
         """|replay log p(y_t | variant) - verl's old_log_probs| over the valid tokens of the rows where that
@@ -53,6 +57,10 @@ class ReplayResult:
         """
         if not self.rows or self.replay_logprobs is None or old_log_probs is None:
             return {}
+        if self.old_log_probs is not None:
+            # fused: old_log_probs of these rows ARE the replay's log-probs, nothing left to compare here (verl's
+            # rollout-vs-actor metrics, ``training/rollout_probs_diff_*``, still check the actor's numbers)
+            return {"mrtpo/consistency/rows": 0, "mrtpo/consistency/fused_rows": sum(self.logprobs_are_rollout_prompt)}
         diffs = []
         for r, i in enumerate(self.rows):
             if r < len(self.logprobs_are_rollout_prompt) and self.logprobs_are_rollout_prompt[r]:
@@ -86,11 +94,16 @@ def run_replay(
     temperature: float,
     pad_id: int,
     token_budget: int = 0,
+    *,
+    fused: bool = False,
 ) -> ReplayResult:
     """Plan, dispatch and map back the replay of one batch (module docstring).
 
     ``token_budget``: padded tokens per replay forward (verl's ``log_prob_max_token_len_per_gpu`` under
     ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    ``fused``: the same pass also yields verl's old_log_probs and entropy of every sample
+    (``result.old_log_probs`` / ``entropy``): a replayed row whose variant is the rollout prompt gets them
+    from that variant's forward, every other sample from one forward of its rollout prompt (an extra row).
     """
     t0 = time.perf_counter()
     plan = build_replay_plan(
@@ -109,8 +122,15 @@ def run_replay(
         forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
         lp_variant[r] = v if v >= 0 and forwarded else 0
         result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
-    if plan.rows:
-        inputs, _ = pad_rows({**plan.inputs, "logprob_variant": lp_variant}, dp_size)
+    inputs = {**plan.inputs, "logprob_variant": lp_variant}
+    rows = list(plan.rows)
+    if fused:  # every sample whose old_log_probs no replayed row yields: one row of its rollout prompt
+        lp_rows = {i for i, ok in zip(plan.rows, result.logprobs_are_rollout_prompt) if ok}
+        extra = [i for i in range(B) if i not in lp_rows]
+        inputs = with_rollout_rows(inputs, extra, rollout_prompts, responses, response_mask, pad_id)
+        rows += extra
+    if rows:
+        inputs, _ = pad_rows(inputs, dp_size)
         # rows go to ranks in contiguous chunks: order them so that each chunk holds similar tokens
         order = balanced_order(row_tokens(inputs), dp_size)
         perm = torch.tensor(order, dtype=torch.long)
@@ -118,30 +138,76 @@ def run_replay(
             **pass_settings(cfg, temperature, pad_id, token_budget).to_wire(),
             "measure": cfg.measure_for_replay,
             "compile_js": bool(cfg.compile_js),
+            "fused": bool(fused),
         }
         out = dispatch({k: v.index_select(0, perm) for k, v in inputs.items()}, settings)
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel())
         n = len(plan.rows)
         rows_back = back[:n]  # where each planned row came back
-        rel = expand_relevance(out["variant_relevance"].index_select(0, rows_back), plan.inputs["pair_variant"])
-        result.relevance[torch.tensor(plan.rows)] = rel
-        result.replay_logprobs = out["replay_logprobs"].index_select(0, rows_back).float()
+        if n:
+            rel = expand_relevance(out["variant_relevance"].index_select(0, rows_back), plan.inputs["pair_variant"])
+            result.relevance[torch.tensor(plan.rows)] = rel
+            result.replay_logprobs = out["replay_logprobs"].index_select(0, rows_back).float()
+        if fused:
+            result.old_log_probs = torch.zeros(B, T)
+            result.entropy = torch.zeros(B, T)
+            for k, i in enumerate(rows):  # a planned row first, then the extra ones: each sample written once
+                if k < n and not result.logprobs_are_rollout_prompt[k]:
+                    continue
+                result.old_log_probs[i] = out["replay_logprobs"][back[k]].float()
+                result.entropy[i] = out["replay_entropy"][back[k]].float()
         if out.get("replay_forwards", None) is not None:
             result.metrics.update(pass_metrics(out["replay_forwards"], dp_size, "mrtpo/replay"))
+    elif fused:
+        result.old_log_probs, result.entropy = torch.zeros(B, T), torch.zeros(B, T)
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
 
 
+def with_rollout_rows(inputs: dict, samples: list[int], rollout_prompts, responses: torch.Tensor,
+                      response_mask: torch.Tensor, pad_id: int) -> dict:
+    """``inputs`` plus one row per sample of ``samples``: its rollout prompt as variant 0, nothing replayed,
+    its log-probs asked for (``logprob_variant`` 0); prompts re-padded (on the left) to the longest."""
+    if not samples:
+        return inputs
+    R, NV, P = inputs["variant_ids"].shape
+    P2 = max(P, max(len(rollout_prompts[i]) for i in samples))
+    ids = torch.full((R + len(samples), NV, P2), pad_id, dtype=inputs["variant_ids"].dtype)
+    ids[:R, :, P2 - P :] = inputs["variant_ids"]
+    lens = torch.zeros(R + len(samples), NV, dtype=inputs["variant_lens"].dtype)
+    lens[:R] = inputs["variant_lens"]
+    for k, i in enumerate(samples):
+        p = list(rollout_prompts[i])
+        if p:
+            ids[R + k, 0, P2 - len(p) :] = torch.tensor(p, dtype=ids.dtype)
+        lens[R + k, 0] = len(p)
+    idx = torch.tensor(samples, dtype=torch.long)
+    K = inputs["pair_variant"].shape[1]
+    return {
+        "variant_ids": ids,
+        "variant_lens": lens,
+        "responses": torch.cat([inputs["responses"], responses.index_select(0, idx).long()]),
+        "response_mask": torch.cat([inputs["response_mask"], response_mask.index_select(0, idx).long()]),
+        "pair_variant": torch.cat([inputs["pair_variant"], torch.full((len(samples), K), -1, dtype=inputs["pair_variant"].dtype)]),
+        "logprob_variant": torch.cat([inputs["logprob_variant"], torch.zeros(len(samples), dtype=torch.long)]),
+    }
+
+
 def row_tokens(inputs: dict) -> list[int]:
-    """Tokens each packed row forwards: P_all and every replayed variant, each followed by the response up
-    to its last valid token (0 for a padding row)."""
+    """Tokens each packed row forwards: P_all and every replayed variant (and the ``logprob_variant``
+    forwarded for its log-probs alone), each followed by the response up to its last valid token (0 for a
+    padding row)."""
     resp = response_lengths(inputs["response_mask"])
     lens = inputs["variant_lens"].long()
     used = torch.zeros_like(lens, dtype=torch.bool)
     pair = inputs["pair_variant"].long()
     used.scatter_(1, pair.clamp(min=0), pair > 0)
     used[:, 0] = (pair > 0).any(-1)
+    if "logprob_variant" in inputs:
+        lpv = inputs["logprob_variant"].long()
+        used[torch.arange(lens.shape[0])[lpv >= 0], lpv[lpv >= 0]] = True
+    used &= lens > 0
     used &= (resp > 0).unsqueeze(-1)
     return ((lens + resp.unsqueeze(-1)) * used).sum(-1).tolist()

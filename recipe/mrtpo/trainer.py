@@ -209,7 +209,48 @@ class MRTPOTrainer(PPOTrainerSync):
             out = out["input_ids"]
         return list(out)
 
+    def _fuses_old_log_prob(self) -> bool:
+        """Whether this step's replay runs in the old_log_prob step (its forwards give verl's old_log_probs):
+        exactly when the advantage step will replay (``mrtpo`` estimator, replay on, beta_s > 0) and verl
+        recomputes the log-probs (not its bypass mode)."""
+        est = self.config.algorithm.adv_estimator
+        cfg = self.mrtpo
+        if str(getattr(est, "value", est)) != "mrtpo" or not cfg.replay or cfg.mode == "opsd":
+            return False
+        if smoothstep_beta(max(0, int(self.global_steps) - 1), cfg.beta, cfg.warmup_steps) <= 0:
+            return False
+        corr = self.config.algorithm.get("rollout_correction", None)
+        return not (corr and corr.get("bypass_mode", False))
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        """verl's old_log_prob step, fused with the replay where the replay runs (``_fuses_old_log_prob``):
+        one pass engine forward per distinct sequence gives the relevance and verl's ``old_log_probs`` and
+        ``entropy`` (a replayed variant that is the rollout prompt is not forwarded twice); written back as
+        verl writes them (``verl_seam.write_old_log_probs``). ``_replay`` then returns that result."""
+        self._fused_replay = None
+        if not self._fuses_old_log_prob():
+            return super()._compute_old_log_prob(batch, metrics)
+        ob = verl_seam.read_old_log_prob_batch(self.config, batch)
+        extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
+        table = read_reward_table(extras, ob.uid)
+        result = self._run_replay(batch, ob, table, fused=True)
+        self._fused_replay = (list(batch.keys), result)
+        return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
+
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable) -> ReplayResult:
+        fused, self._fused_replay = getattr(self, "_fused_replay", None), None
+        if fused is not None:
+            keys, result = fused
+            B, T = ab.response_mask.shape
+            if keys == list(batch.keys) and tuple(result.relevance.shape) == (B, len(table.names), T):
+                return result
+            logger.warning("mrtpo: the fused replay does not match the advantage step's batch; replaying again")
+            result = self._run_replay(batch, ab, table)
+            result.metrics["mrtpo/fused_replay_mismatch"] = 1
+            return result
+        return self._run_replay(batch, ab, table)
+
+    def _run_replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fused: bool = False) -> ReplayResult:
         meta = verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
         rollout = self.config.actor_rollout_ref.rollout  # verl's log-prob token budget bounds the replay's forwards too
@@ -226,9 +267,10 @@ class MRTPOTrainer(PPOTrainerSync):
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
             rollout_prompts=_rows(meta["prompts"]), render=render, dispatch=self._dispatch_replay,
             dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
-            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget,
+            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget, fused=fused,
         )
         result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
+        result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result
 
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:

@@ -89,9 +89,11 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
     ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
     :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
     :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
-    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`).
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`);
+    with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
     settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn)
+    fused = bool(tu.get(data, key="fused") or False)  # optional: the old_log_prob step fused with the replay
     out = replay_relevance(
         forward,
         data["variant_ids"].cpu(),
@@ -105,16 +107,17 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
         settings=settings,
         device=device,
         sync_forward_count=sync,
+        entropy=fused,
     )
     R = data["pair_variant"].shape[0]
-    return TensorDict(
-        {
-            "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
-            "replay_logprobs": out["replay_logprobs"],
-            "replay_forwards": _pass_counts(out, R),
-        },
-        batch_size=[R],
-    )
+    fields = {
+        "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
+        "replay_logprobs": out["replay_logprobs"],
+        "replay_forwards": _pass_counts(out, R),
+    }
+    if fused:
+        fields["replay_entropy"] = out["replay_entropy"]
+    return TensorDict(fields, batch_size=[R])
 
 
 class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):

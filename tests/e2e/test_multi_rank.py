@@ -81,8 +81,10 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, t
         assert ((rel >= 0) & (rel <= 1)).all() and (rel[~variance] == 0).all() and (rel.sum(-1)[variance] > 0).all()
         assert torch.isfinite(d["advantages"]).all() and (d["advantages"][~d["response_mask"].bool()] == 0).all()
         assert math.isfinite(m["mrtpo/adv_abs_mean"]) and m["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-4
-        # both ranks' rows map back to the right samples: replay log-probs equal verl's old_log_probs (fp32)
-        assert m["mrtpo/consistency/rows"] > 0 and m["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4
+        # the replay runs in the old_log_prob step: both ranks' rows map back to the right samples when the
+        # fused old_log_probs make the update's PPO ratio 1 up to numerics (one update from those weights, fp32)
+        assert m["mrtpo/replay_fused_old_log_prob"] == 1 and m["mrtpo/consistency/fused_rows"] > 0
+        assert abs(m["actor/ppo_kl"]) < 1e-4, m["actor/ppo_kl"]
         fmax, fmin, pad = m["mrtpo/replay_forwards_max"], m["mrtpo/replay_forwards_min"], m["mrtpo/replay_padding_forwards"]
         assert pad == fmax - fmin  # two ranks: the short one pads up to the long one
         tmax, tmin = m["mrtpo/replay_tokens_max"], m["mrtpo/replay_tokens_min"]

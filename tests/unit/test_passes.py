@@ -168,3 +168,72 @@ def test_pass_settings_travel_and_missing_ones_are_named():
     with pytest.raises(ValueError, match=r"m: settings \['chunk_size'\] missing"):
         PassSettings.from_wire({k: v for k, v in wire.items() if k != "chunk_size"}, "m")
     assert isinstance(row_sequences(0, [0, 2], [5, 4], 3)[1], PassSequence) and row_sequences(0, [0, 2], [5, 4], 3)[1].last_of_row
+
+
+def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
+    """run_replay(fused=True) through the worker's row function: every sample's old_log_probs and entropy
+    equal verl's own functions on a plain forward of [rollout prompt | response] (fp32, 1e-5), whether its
+    row is replayed with P_all as the rollout prompt, replayed with a P_all that is not (an appended block),
+    or not replayed at all; the relevance equals the unfused replay's."""
+    import numpy as np
+    from tensordict import TensorDict
+    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.core.passes import PassSettings as PS
+    from recipe.mrtpo.replay_driver import run_replay
+    from recipe.mrtpo.reward_extras import RewardTable
+    from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
+
+    words = {}
+
+    def render(messages):  # a toy chat template: one id per distinct word, stable within the test
+        text = " ".join(m["content"] for m in messages)
+        return [words.setdefault(w, 1000 + len(words)) for w in text.split()]
+
+    a = {"text": "no commas", "placement": "prompt"}
+    b = {"text": "lower case", "placement": "prompt"}
+    gold = {"text": "gold answer here", "placement": "appended"}
+    msgs = [{"role": "user", "content": "write a poem no commas lower case please"}]
+    contexts = [{"a": a, "b": b}] * 2 + [{"a": a, "g": gold}] * 2 + [{"a": a, "b": b}] * 2
+    names = ["a", "b", "g"]
+    nan = float("nan")
+    scores = torch.tensor([[1, 0, nan], [0, 1, nan], [1, nan, 0], [0, nan, 0], [1, 1, nan], [1, 1, nan]])
+    index = np.array(["p", "p", "q", "q", "s", "s"], dtype=object)  # group s varies in nothing: not replayed
+    g = torch.Generator().manual_seed(7)
+    B, T = 6, 9
+    responses = torch.randint(0, 150_000, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 6:] = 0
+    mask[4, 2:4] = 0  # a gap
+    rollout = [render(msgs)] * B
+    fwd = hf_forward(model)
+
+    def dispatch(inputs, settings):
+        td = TensorDict(dict(inputs), batch_size=[inputs["pair_variant"].shape[0]])
+        for k in (*REPLAY_SETTINGS, "fused"):
+            td.set_non_tensor(k, settings[k])
+        td.set_non_tensor("layout", "packed")  # the packed layout (exact here through the block mask)
+        with torch.no_grad():
+            return replay_rows(fwd, td, "cpu", sync=None)
+
+    table = RewardTable(names=names, scores=scores, contexts=contexts, errors=[""] * B)
+    cfg = mrtpo_config({})
+    args = (cfg, table, index, [msgs] * B, responses, mask, rollout, render, dispatch)
+    fused = run_replay(*args, dp_size=2, temperature=0.8, pad_id=0, fused=True)
+    plain = run_replay(*args, dp_size=1, temperature=0.8, pad_id=0)
+    assert torch.allclose(fused.relevance, plain.relevance, atol=1e-5) and fused.rows == plain.rows == [0, 1, 2, 3]
+    assert fused.logprobs_are_rollout_prompt == [True, True, False, False]  # rows 2, 3 replay only a: both their variants carry the block
+    with torch.no_grad():
+        for i in range(B):
+            n = int((torch.arange(1, T + 1) * mask[i]).max())
+            seq = torch.tensor([rollout[i] + responses[i, :n].tolist()])
+            logits = model(input_ids=seq).logits[0, len(rollout[i]) - 1 : -1] / 0.8
+            m = mask[i, :n] > 0
+            want_lp = logprobs_from_logits(logits, responses[i, :n])
+            want_h = entropy_from_logits(logits)
+            assert torch.allclose(fused.old_log_probs[i, :n][m], want_lp[m], atol=1e-5), i
+            assert torch.allclose(fused.entropy[i, :n][m], want_h[m], atol=1e-5), i
+            assert (fused.old_log_probs[i][mask[i] == 0] == 0).all()
+    assert fused.consistency_metrics(mask, fused.old_log_probs) == {"mrtpo/consistency/rows": 0, "mrtpo/consistency/fused_rows": 2}
+    assert "mrtpo/replay_tokens_max" in fused.metrics and PS.from_wire({**PS().to_wire(), "layout": "packed"}, "m").layout == "packed"

@@ -51,17 +51,43 @@ from recipe.mrtpo.core.relevance import (
 )
 
 
-def plan_sequences(variant_lens: torch.Tensor, pair_variant: torch.Tensor, resp_lens: torch.Tensor) -> list[PassSequence]:
-    """Every sequence to forward, row by row, P_all first, each distinct used variant once."""
+def plan_sequences(variant_lens: torch.Tensor, pair_variant: torch.Tensor, resp_lens: torch.Tensor,
+                   logprob_variant: Optional[torch.Tensor] = None) -> list[PassSequence]:
+    """Every sequence to forward, row by row: P_all first, each distinct used variant once, then the row's
+    ``logprob_variant`` when it is not among them (the fused old_log_prob: a row that replays nothing, or
+    whose rollout prompt is no variant, is still forwarded once under its rollout prompt)."""
     seqs: list[PassSequence] = []
     for r in range(pair_variant.shape[0]):
         used = sorted({int(v) for v in pair_variant[r].tolist() if v > 0})
         n_resp = int(resp_lens[r])
-        if not used or n_resp == 0:
+        if n_resp == 0:
             continue
-        order = [0, *used]
-        seqs += row_sequences(r, order, [int(variant_lens[r, v]) for v in order], n_resp)
+        order = [0, *used] if used else []
+        lpv = int(logprob_variant[r]) if logprob_variant is not None else -1
+        if lpv >= 0 and lpv not in order and int(variant_lens[r, lpv]) > 0:
+            order.append(lpv)
+        if order:
+            seqs += row_sequences(r, order, [int(variant_lens[r, v]) for v in order], n_resp)
     return seqs
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_size: Optional[int] = None) -> torch.Tensor:
+    """Per-position entropy of the sampling distribution, as verl's ``entropy_from_logits`` after its
+    temperature division:
+
+        z = logits / tau;   H[t] = logsumexp_v z[t, v] - sum_v softmax(z[t])_v z[t, v]
+
+    ``logits`` [T, V] (any float dtype) -> [T] fp32, ``chunk_size`` positions expanded to fp32 at a time.
+    """
+    T = logits.shape[0]
+    out = torch.empty(T, dtype=torch.float32, device=logits.device)
+    step = int(chunk_size or 128)
+    for a in range(0, T, step):
+        z = logits[a : a + step].float() / float(temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        out[a : a + step] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+        del z
+    return out
 
 
 def replay_relevance(
@@ -86,6 +112,7 @@ def replay_relevance(
     layout: str = "sorted",
     packed_attention: str = "block_mask",
     settings: Optional[PassSettings] = None,
+    entropy: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Replay every row's variants with its sampled response and measure their relevance (module docstring).
 
@@ -102,7 +129,11 @@ def replay_relevance(
         resp_lens: [R] response positions that exist (default :func:`response_lengths` of the mask).
         logprob_variant: [R] which variant's log-probs of the sampled tokens ``replay_logprobs`` holds
             (default 0, P_all): the variant that is the rollout prompt, so that they can be checked against
-            verl's ``old_log_probs``. A variant that is not forwarded leaves the row's log-probs at 0.
+            verl's ``old_log_probs``. A variant that is no replayed one is forwarded for them alone (the
+            old_log_prob step fused with the replay: every row of the batch, the replayed ones included,
+            gets verl's ``old_log_probs`` from this pass); -1: none.
+        entropy: also ``replay_entropy`` [R, T], the entropy of that variant's distribution (verl's
+            ``entropy`` beside ``old_log_probs``).
 
     Returns:
         ``variant_relevance`` [R, max(NV - 1, 1), T] fp32, ``replay_logprobs`` [R, T] fp32, and the counts
@@ -123,42 +154,53 @@ def replay_relevance(
     refs: dict[int, torch.Tensor] = {}  # row -> P_all's response logits [T_r, V] (own storage)
     lses: dict[int, torch.Tensor] = {}  # row -> P_all's log-normaliser [T_r] (compiled JS only)
 
+    used_sets = [{int(v) for v in pair_variant[r].tolist() if v > 0} for r in range(R)]
+    entropy_out = torch.zeros(R, T, dtype=torch.float32) if entropy else None
+
     def consume(seqs: list[PassSequence], resp: torch.Tensor, single: bool) -> None:
         r, n_resp = seqs[0].row, seqs[0].resp_len
-        first = 0
-        if seqs[0].variant == 0:
+        used = used_sets[r]
+        ids_r = responses[r, :n_resp].to(resp.device).long()
+        mask_r = response_mask[r, :n_resp].to(resp.device)
+        lead = seqs[0].variant == 0 and bool(used)  # P_all, the reference of the row's variants
+        if lead:
             # its own tensor: a copy, unless nothing else of the forward outlives this row (the forward is
             # this one sequence, or the row's last sequence is in it too)
             refs[r] = resp[0] if (single and len(seqs) == 1) or seqs[-1].last_of_row else resp[0].clone()
-            first = 1
             if compiled_js:  # P_all's log-normaliser, once per row, shared by every variant's JSD
                 lses[r] = logsumexp_rows(refs[r], temperature, chunk_size, compiled=True)
-        rest = resp[first:]
-        ids_r = responses[r, :n_resp].to(resp.device)
-        mask_r = response_mask[r, :n_resp].to(resp.device)
-        want_lp = seqs[0].variant == 0 and lp_variant[r] == 0
-        if first == len(seqs):  # P_all alone in this forward: its variants come in the next ones
-            if want_lp:  # z_y - logsumexp(z), the normaliser computed once (compiled JS) or here
-                logprobs[r, :n_resp] = (picked_logprobs(refs[r], ids_r, temperature, lses.get(r)) * (mask_r > 0)).cpu()
-        else:
+        js = [jl for jl, s in enumerate(seqs) if s.variant in used]  # contiguous: the planner keeps the order
+        lp_done = False
+        if js:
+            want_lp = lead and lp_variant[r] == 0  # P_all's log-probs come out of the same pass
             q, lp = relevance_against_reference(
-                refs[r], rest, ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js,
+                refs[r], resp[js[0] : js[-1] + 1], ids_r, mask_r, temperature, measure, chunk_size, compiled=compiled_js,
                 need_logp=want_lp, ref_lse=lses.get(r),
             )
             if want_lp:
                 logprobs[r, :n_resp] = lp.cpu()
-            for jl, s in enumerate(seqs[first:]):
-                variant_relevance[r, s.variant - 1, :n_resp] = q[jl].cpu()
-                if s.variant == lp_variant[r]:
-                    lpv = sampled_logprobs_from_logits(rest[jl : jl + 1], ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size)
-                    logprobs[r, :n_resp] = lpv[0].cpu()
+                lp_done = True
+            for jl, s in zip(js, seqs[js[0] : js[-1] + 1]):
+                variant_relevance[r, s.variant - 1, :n_resp] = q[jl - js[0]].cpu()
+            del q, lp
+        for jl, s in enumerate(seqs):
+            if s.variant != lp_variant[r]:
+                continue
+            if not lp_done:
+                if jl == 0 and lead:  # z_y - logsumexp(z), the normaliser computed once (compiled JS) or here
+                    lpv = picked_logprobs(refs[r], ids_r, temperature, lses.get(r)) * (mask_r > 0)
+                else:
+                    lpv = sampled_logprobs_from_logits(resp[jl : jl + 1], ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size)[0]
+                logprobs[r, :n_resp] = lpv.cpu()
+            if entropy_out is not None:
+                entropy_out[r, :n_resp] = (entropy_from_logits(resp[jl], temperature, chunk_size) * (mask_r > 0)).cpu()
         if seqs[-1].last_of_row:
-            del refs[r]
+            refs.pop(r, None)
             lses.pop(r, None)
 
-    seqs = plan_sequences(variant_lens, pair_variant, resp_lens)
+    seqs = plan_sequences(variant_lens, pair_variant, resp_lens, logprob_variant)
     counts = run_pass(forward, variant_ids, responses, seqs, settings, consume, device=device, sync_forward_count=sync_forward_count)
-    return {
+    out = {
         "variant_relevance": variant_relevance,
         "replay_logprobs": logprobs,
         "n_forwards": torch.tensor(counts.n_forwards),
@@ -166,6 +208,9 @@ def replay_relevance(
         "tokens_forwarded": torch.tensor(counts.tokens_forwarded),
         "tokens_existing": torch.tensor(counts.tokens_existing),
     }
+    if entropy_out is not None:
+        out["replay_entropy"] = entropy_out
+    return out
 
 
 def expand_relevance(variant_relevance: torch.Tensor, pair_variant: torch.Tensor) -> torch.Tensor:
