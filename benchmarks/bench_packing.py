@@ -11,8 +11,9 @@ sequence per row) with the pass engine's packer (``core.passes.plan_forwards``) 
 - ``kept / needed``: logit rows kept over the response positions the reductions read;
 - ``repeat``: the share of the replay's existing tokens that repeat verl's ``old_log_prob`` forward (the
   row's variant that is the rollout prompt: P_all in instruction following, P_minus_correctness in tool
-  calling); with the fused step (``trainer._compute_old_log_prob``) that forward IS old_log_prob's, so
-  none of the replay's tokens repeat it;
+  calling); with the fused step (``trainer._compute_old_log_prob``, both new layouts) that forward IS
+  old_log_prob's, so none of the replay's tokens repeat it (the samples no replayed variant covers get one
+  forward of their rollout prompt in the same pass, in place of verl's, not counted here);
 - ``forwards / row``: forwards per replayed row.
 
 Layouts: ``padded`` (today's: micro-batches in arrival order, each padded to its longest), ``sorted``
@@ -118,7 +119,7 @@ def bench_mix(mix: Mix, args) -> dict:
         st = PassSettings(token_budget=args.budget, layout=layout)
         rc, tc = count(seqs, st), count(teacher, st)
         out[layout] = rc
-        fused = layout == "packed"  # the new step: packed (flash-attention) and fused with old_log_prob
+        fused = layout != "padded"  # the new step (sorted or packed) runs fused with old_log_prob
         print(f"{mix.name:>5} | {layout:>7} | {rc['forwarded'] / rc['existing']:>9.2f} | {rc['kept'] / rc['needed']:>6.2f} | "
               f"{(0.0 if fused else repeat / rc['existing']):>6.0%} | {rc['forwards'] / max(1, rows):>7.3f} | "
               f"{tc['forwarded'] / tc['existing']:>9.2f} | {tc['kept'] / tc['needed']:>6.2f} | {rc['forwarded']:>10,} | {rc['existing']:>10,}")
@@ -137,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"{'teach f/e':>9} | {'kept':>6} | {'forwarded':>10} | {'existing':>10}")
     results = {name: bench_mix(MIXES[name], args) for name in args.mixes}
     print("(f/e: tokens forwarded / existing; kept: logit rows kept / needed; repeat: replay tokens that repeat "
-          "old_log_prob's forward; packed = the new layout, fused with old_log_prob)")
+          "old_log_prob's forward; padded = today's step, sorted / packed = the new one, fused with old_log_prob)")
     if "if" in results:
         new, old = results["if"]["packed"], results["if"]["padded"]
         rows = len({s.row for s in plan_sequences(*make_rows(MIXES["if"], args.responses, args.seed)[:3])})
