@@ -11,8 +11,8 @@ import pytest
 import torch
 from verl.utils.torch_functional import entropy_from_logits
 
-from recipe.mrtpo import verl_seam
 from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, render, tiny  # noqa: F401
+from recipe.mrtpo import verl_seam
 
 
 def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_step(monkeypatch, tiny):  # noqa: F811
