@@ -12,9 +12,11 @@ Qwen2 tokenizer and chat template, ``--prompts`` x ``--n`` responses (a group of
 - ``mixed``: a text-to-SQL-like prompt with a schema: 3 ``prompt``-placed Z (format + two rules) and 2
   ``appended`` ones (the sample's own execution message, the group's gold SQL).
 
-Each row is timed with the plain renderer and with ``prompt_variants.CachedRender`` (what the trainer
-passes: one render per distinct message list), and the last line is
-``plan: <B> responses x 5 rewards: <s> s with CachedRender (<s> s without)`` for the slower mix.
+Each row is timed with the plain renderer, with ``prompt_variants.CachedRender`` (one render per distinct
+message list) and with ``CachedRender`` over the template's text and a ``PieceEncoder`` (what the trainer's
+replay passes: each distinct line-led piece of text tokenized once; the plans are checked id for id), and
+the last line is ``plan: <B> responses x 5 rewards: <s> s with CachedRender over pieces (...); <s> s per
+1,024`` for the slower mix.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def make_batch(scenario: str, prompts: int, n: int, seed: int = 0):
 
 
 def qwen2_render(tok_dir: str):
-    """messages -> prompt ids with the Qwen2 chat template, as the trainer's ``_render``."""
+    """messages -> prompt ids with the Qwen2 chat template, as the trainer's ``_render``; and the two halves
+    the trainer's replay passes to ``CachedRender`` (the template's text, the tokenizer without special tokens)."""
     from transformers import AutoTokenizer
 
     from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
@@ -96,6 +99,13 @@ def qwen2_render(tok_dir: str):
         out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
+    def render_text(messages):
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    render.text, render.encode = render_text, encode
     return render
 
 
@@ -108,12 +118,12 @@ def plan_once(batch, render):
     return time.perf_counter() - t0, plan
 
 
-def bench_scenario(name: str, render, args) -> tuple[float, float]:
-    """One row: the plan's time without and with CachedRender (best of ``--repeats``)."""
+def bench_scenario(name: str, render, args) -> tuple[float, float, float]:
+    """One row: the plan's time without CachedRender, with it, and with it over pieces (best of ``--repeats``)."""
     from recipe.mrtpo.core.prompt_variants import CachedRender
 
     batch = make_batch(name, args.prompts, args.n)
-    plain = cached = float("inf")
+    plain = cached = pieces = float("inf")
     calls = hits = 0
     for _ in range(args.repeats):
         t, plan = plan_once(batch, render)
@@ -122,11 +132,18 @@ def bench_scenario(name: str, render, args) -> tuple[float, float]:
         t, cached_plan = plan_once(batch, cache)
         cached = min(cached, t)
         calls, hits = cache.calls, cache.hits
-        assert torch.equal(plan.inputs["variant_ids"], cached_plan.inputs["variant_ids"])  # the same plan
+        piece = CachedRender(render_text=render.text, encode=render.encode)  # what the trainer's replay passes
+        t, piece_plan = plan_once(batch, piece)
+        pieces = min(pieces, t)
+        enc = piece.encoder
+        for other in (cached_plan, piece_plan):  # the same plan, id for id
+            assert torch.equal(plan.inputs["variant_ids"], other.inputs["variant_ids"])
+        assert enc.mismatches == 0
     B = batch[0].shape[0]
     print(f"{name:>6} | {B:>9} | {REWARDS:>7} | {plan.pairs_replayed:>6} | {plan.variants:>8} | {calls:>7} | "
-          f"{calls - hits:>8} | {plain:8.2f}s | {cached:8.2f}s | {plain / cached:7.1f}x")
-    return plain, cached
+          f"{calls - hits:>8} | {enc.pieces - enc.piece_hits:>7} | {plain:8.2f}s | {cached:8.2f}s | {pieces:8.2f}s | "
+          f"{plain / pieces:7.1f}x")
+    return plain, cached, pieces
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -141,11 +158,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         render = qwen2_render(tmp)
         print(f"Qwen2 chat template; {args.prompts} prompts x {args.n} responses, {REWARDS} rewards each (CPU, one process)")
         print(f"{'mix':>6} | {'responses':>9} | {'rewards':>7} | {'pairs':>6} | {'variants':>8} | {'renders':>7} | "
-              f"{'distinct':>8} | {'plain':>9} | {'cached':>9} | {'speedup':>8}")
+              f"{'distinct':>8} | {'pieces':>7} | {'plain':>9} | {'cached':>9} | {'pieces':>9} | {'speedup':>8}")
         rows = [bench_scenario(name, render, args) for name in args.scenarios]
-    plain, cached = max(rows, key=lambda r: r[1])
-    print(f"(best of {args.repeats}; renders = render calls of the plan, distinct = chat templates actually run)")
-    print(f"plan: {args.prompts * args.n} responses x {REWARDS} rewards: {cached:.2f} s with CachedRender ({plain:.2f} s without)")
+    plain, cached, pieces = max(rows, key=lambda r: r[2])
+    B = args.prompts * args.n
+    print(f"(best of {args.repeats}; renders = render calls of the plan, distinct = chat templates actually run, "
+          f"pieces = distinct text pieces tokenized by the piece encoder)")
+    print(f"plan: {B} responses x {REWARDS} rewards: {pieces:.2f} s with CachedRender over pieces "
+          f"({cached:.2f} s whole prompts, {plain:.2f} s without CachedRender); {pieces * 1024 / B:.2f} s per 1,024")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ import torch
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
 from recipe.mrtpo.core.opsd import sequence_teacher_fields, topk_mass
+from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.prompt_variants import CachedRender, build_sample_variants
+from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 
 # dispatch(inputs: {"prompt_ids" [R', P], "prompt_lens" [R'], "responses" [R', T], "response_mask" [R', T]}, settings)
@@ -31,8 +33,8 @@ from recipe.mrtpo.reward_extras import RewardTable
 #       optionally "teacher_forwards" [R', 2] (each row's rank: own and agreed forward counts)}
 Dispatch = Callable[[dict, dict], dict]
 
-#: the non-tensor settings sent with the rows (``worker.compute_opsd_teacher``); 0 = none / auto
-TEACHER_SETTINGS = ("temperature", "topk", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id")
+#: the non-tensor settings sent with the rows (``worker.compute_opsd_teacher``): the pass engine's and ``topk``
+TEACHER_SETTINGS = (*PassSettings.WIRE_KEYS, "topk")
 
 #: the key of the loss settings in the actor update's batch (``worker.update_actor`` installs the loss from it)
 LOSS_SETTINGS_KEY = "mrtpo_opsd_loss"
@@ -131,14 +133,7 @@ def run_opsd_teacher(
         {"prompt_ids": ids, "prompt_lens": lens, "responses": responses.long().cpu(), "response_mask": response_mask.long().cpu()},
         dp_size,
     )
-    settings = {
-        "temperature": float(temperature),
-        "topk": int(cfg.opsd_topk),
-        "micro_batch_size": int(cfg.replay_micro_batch_size),
-        "token_budget": int(token_budget or 0),
-        "chunk_size": int(cfg.chunk_size or 0),
-        "pad_token_id": int(pad_id),
-    }
+    settings = {**pass_settings(cfg, temperature, pad_id, token_budget).to_wire(), "topk": int(cfg.opsd_topk)}
     out = dispatch(inputs, settings)
     teacher = OPSDTeacher(
         topk_logprobs=out["teacher_topk_logprobs"][:B].float(),
@@ -155,9 +150,7 @@ def run_opsd_teacher(
     m["mrtpo/opsd/teacher_prompt_extra_tokens"] = sum(extra) / max(1, len(extra))
     m.update(teacher_metrics(teacher, responses, response_mask, old_log_probs))
     if out.get("teacher_forwards", None) is not None:
-        counts = torch.as_tensor(out["teacher_forwards"]).long().chunk(max(1, dp_size))
-        m["mrtpo/opsd/teacher_forwards_max"] = max(int(c[0, 0]) for c in counts if c.shape[0])
-        m["mrtpo/opsd/teacher_padding_forwards"] = sum(int(c[0, 1]) - int(c[0, 0]) for c in counts if c.shape[0])
+        m.update(pass_metrics(out["teacher_forwards"], dp_size, "mrtpo/opsd/teacher"))
     m["mrtpo/opsd/teacher_time_s"] = time.perf_counter() - t0
     return teacher
 

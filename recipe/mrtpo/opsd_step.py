@@ -15,12 +15,11 @@ from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
-from tensordict import TensorDict
-from verl.utils import tensordict_utils as tu
 
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.methods import StepContext
 from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY, distillation_loss_settings, run_opsd_teacher, teacher_fields, uses_topk
+from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 
 #: what the teacher pass reads of the batch (the step's own fetch, ``StepContext.fields``, brings the first three)
 FIELDS = ["raw_prompt", "prompts", "extra_fields", "responses", "old_log_probs"]
@@ -38,12 +37,6 @@ def _lengths(x) -> torch.Tensor:
     if getattr(x, "is_nested", False):
         return x.offsets().diff()
     return torch.tensor([len(t) for t in x])
-
-
-def token_budget(config) -> int:
-    """verl's log-prob token budget (``log_prob_max_token_len_per_gpu`` under ``log_prob_use_dynamic_bsz``), as the replay's."""
-    rollout = config.actor_rollout_ref.rollout
-    return int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
 
 
 def verl_loss_group(config) -> Optional[dict]:
@@ -77,10 +70,7 @@ def write_opsd_teacher(ctx: StepContext):
     messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _list(d["raw_prompt"])]
 
     def dispatch(inputs: dict, settings: dict) -> dict:
-        td = TensorDict(inputs, batch_size=[inputs["prompt_lens"].shape[0]])
-        tu.assign_non_tensor(td, **settings)
-        out = ctx.worker_group.compute_opsd_teacher(td)
-        return out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out
+        return dispatch_rows(ctx.worker_group.compute_opsd_teacher, inputs, settings)
 
     teacher = run_opsd_teacher(
         cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, ctx.dp_size(),

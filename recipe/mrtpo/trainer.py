@@ -26,11 +26,9 @@ from dataclasses import replace
 import numpy as np
 import ray
 import torch
-from tensordict import TensorDict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import methods, verl_seam
@@ -38,6 +36,7 @@ from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.prompt_variants import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
+from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -163,7 +162,7 @@ class MRTPOTrainer(PPOTrainerSync):
                            self.global_steps, next(e for e in table.errors if e))
             metrics["mrtpo/batches_without_scores"] = 1
         step = max(0, int(self.global_steps) - 1)
-        strength = method.strength(cfg, step) if method.strength is not None else 0.0
+        strength = self._strength()
         replay = None
         if method.replay is not None and strength > 0:
             replay = self._replay(batch, ab, table)
@@ -213,23 +212,71 @@ class MRTPOTrainer(PPOTrainerSync):
             out = out["input_ids"]
         return list(out)
 
+    def _strength(self) -> float:
+        """The method's schedule (beta_s, lambda_s) at this step, s = completed steps; 0 for a method without one."""
+        method = self.method
+        return method.strength(self.mrtpo, max(0, int(self.global_steps) - 1)) if method.strength is not None else 0.0
+
+    def _fuses_old_log_prob(self) -> bool:
+        """Whether this step's replay runs in the old_log_prob step (its forwards give verl's old_log_probs):
+        exactly when the advantage step will replay (the method has a replay pass and its strength at this
+        step is > 0, as ``_compute_advantage`` decides) and verl recomputes the log-probs (not its bypass mode)."""
+        if self.method.replay is None or self._strength() <= 0:
+            return False
+        corr = self.config.algorithm.get("rollout_correction", None)
+        return not (corr and corr.get("bypass_mode", False))
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        """verl's old_log_prob step, fused with the replay where the replay runs (``_fuses_old_log_prob``):
+        one pass engine forward per distinct sequence gives the relevance and verl's ``old_log_probs`` and
+        ``entropy`` (a replayed variant that is the rollout prompt is not forwarded twice); written back as
+        verl writes them (``verl_seam.write_old_log_probs``). ``_replay`` then returns that result."""
+        self._fused_replay = None
+        if not self._fuses_old_log_prob():
+            return super()._compute_old_log_prob(batch, metrics)
+        ob = verl_seam.read_old_log_prob_batch(self.config, batch)
+        extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
+        table = read_reward_table(extras, ob.uid)
+        result = self._run_replay(batch, ob, table, fused=True)
+        self._fused_replay = (list(batch.keys), result)
+        return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
+
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable) -> ReplayResult:
+        fused, self._fused_replay = getattr(self, "_fused_replay", None), None
+        if fused is not None:
+            keys, result = fused
+            B, T = ab.response_mask.shape
+            if keys == list(batch.keys) and tuple(result.relevance.shape) == (B, len(table.names), T):
+                return result
+            logger.warning("mrtpo: the fused replay does not match the advantage step's batch; replaying again")
+            result = self._run_replay(batch, ab, table)
+            result.metrics["mrtpo/fused_replay_mismatch"] = 1
+            return result
+        return self._run_replay(batch, ab, table)
+
+    def _run_replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fused: bool = False) -> ReplayResult:
         meta = verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
-        rollout = self.config.actor_rollout_ref.rollout  # verl's log-prob token budget bounds the replay's forwards too
-        budget = int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
-        return run_replay(
-            self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
-            rollout_prompts=_rows(meta["prompts"]), render=CachedRender(self._render), dispatch=self._dispatch_replay,
-            dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
-            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=budget,
+        # the planning renders each distinct prompt once, and tokenizes each distinct line-led piece of its
+        # text once (the variants of a group share all but a sentence or a block; checked against whole renders)
+        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
+        tok = self.tokenizer
+        render = CachedRender(
+            render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
+            encode=lambda text: tok(text, add_special_tokens=False)["input_ids"],
         )
+        result = run_replay(
+            self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
+            rollout_prompts=_rows(meta["prompts"]), render=render, dispatch=self._dispatch_replay,
+            dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
+            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=token_budget(self.config), fused=fused,
+        )
+        result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
+        result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
+        return result
 
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:
-        td = TensorDict(inputs, batch_size=[inputs["pair_variant"].shape[0]])
-        tu.assign_non_tensor(td, **settings)
-        out = self.actor_rollout_wg.compute_replay_relevance(td)
-        return out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out
+        return dispatch_rows(self.actor_rollout_wg.compute_replay_relevance, inputs, settings)
 
     def _actor_dp_size(self) -> int:
         wg = self.actor_rollout_wg

@@ -16,7 +16,15 @@ The recipe replaces step 3 only. Steps 1, 2 and 4 are :func:`read_advantage_batc
 re-stated because ``main_mrtpo`` refuses ``use_kl_in_reward`` with the recipe's estimators (their
 advantage is built from per-reward scores, not from the token-level reward). ``UPSTREAM_SOURCE_SHA256``
 pins verl's method: ``tests/integration/test_verl_seam.py`` fails, with a diff, when verl changes it.
-Everything else of the loop is verl's own (``MRTPOTrainer`` overrides nothing but this step).
+
+verl's ``PPOTrainer._compute_old_log_prob`` (same file) is the other step the trainer overrides, when the
+replay runs in it (the old_log_prob forwards fused with the replay's, ``replay_driver.run_replay(fused=True)``):
+its step 1 (the worker group's ``compute_log_prob``) is replaced by the pass engine; steps 2-4 (write
+``old_log_probs`` and ``entropy`` back to TransferQueue as nested responses, the ``actor/entropy`` metric
+through ``agg_loss``, the rollout-vs-actor debug metrics when ``rollout.calculate_log_probs``) are
+:func:`read_old_log_prob_batch` and :func:`write_old_log_probs`; the bypass mode (old = rollout log-probs)
+is left to verl (the trainer does not fuse then). ``OLD_LOG_PROB_SOURCE_SHA256`` pins that method.
+Everything else of the loop is verl's own.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.utils.debug.metrics import calculate_debug_metrics
 from verl.workers.utils.padding import response_to_nested
 
 #: the fields verl's step 1 reads (kept in its order), plus what the recipe needs besides
@@ -43,30 +53,38 @@ RECIPE_FIELDS = ["responses"]
 UPSTREAM_SOURCE_SHA256 = "ce9f40b2d0cebe1136e7a57bbc3911002e79804fd47737ffd084cb74e6db0fa7"
 
 
-def upstream_source() -> str:
-    """verl's ``PPOTrainer._compute_advantage`` source, dedented (what the guard test hashes)."""
+#: sha256 of ``textwrap.dedent(inspect.getsource(PPOTrainer._compute_old_log_prob))`` in verl 0.9.1
+OLD_LOG_PROB_SOURCE_SHA256 = "e9ee1fc72ac57177ed32c6892b773a4c6e4607e1f439641c6ca4f6c692c639c5"
+
+
+def upstream_source(method: str = "_compute_advantage") -> str:
+    """verl's ``PPOTrainer.<method>`` source, dedented (what the guard test hashes)."""
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    return textwrap.dedent(inspect.getsource(PPOTrainer._compute_advantage))
+    return textwrap.dedent(inspect.getsource(getattr(PPOTrainer, method)))
 
 
 def source_sha256(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def check_upstream(source: str, pinned_copy: str = "") -> None:
-    """Raise when verl's ``_compute_advantage`` is not the one this module re-states (module docstring).
+def check_upstream(source: str, pinned_copy: str = "", method: str = "_compute_advantage") -> None:
+    """Raise when verl's ``<method>`` (``_compute_advantage`` or ``_compute_old_log_prob``) is not the one
+    this module re-states (module docstring).
 
     ``pinned_copy`` (the 0.9.1 source) turns the message into a unified diff of what changed.
     """
-    if source_sha256(source) == UPSTREAM_SOURCE_SHA256:
+    pinned = {"_compute_advantage": UPSTREAM_SOURCE_SHA256, "_compute_old_log_prob": OLD_LOG_PROB_SOURCE_SHA256}[method]
+    if source_sha256(source) == pinned:
         return
     import difflib
 
     diff = "".join(difflib.unified_diff(pinned_copy.splitlines(True), source.splitlines(True), "verl 0.9.1", "installed verl"))
+    what = {"_compute_advantage": "read_advantage_batch, write_advantages; UPSTREAM_SOURCE_SHA256",
+            "_compute_old_log_prob": "read_old_log_prob_batch, write_old_log_probs; OLD_LOG_PROB_SOURCE_SHA256"}[method]
     raise RuntimeError(
-        "verl's PPOTrainer._compute_advantage changed: re-check recipe/mrtpo/verl_seam.py (read_advantage_batch, "
-        "write_advantages) against it, then update UPSTREAM_SOURCE_SHA256 and the pinned copy.\n" + diff
+        f"verl's PPOTrainer.{method} changed: re-check recipe/mrtpo/verl_seam.py ({what}) against it, then update "
+        "the hash and the pinned copy.\n" + diff
     )
 
 
@@ -132,3 +150,39 @@ def write_fields(batch, fields: dict):
     """Other per-sample fields (nested over the batch) to TransferQueue, e.g. OPSD's ``teacher_logprobs`` /
     ``teacher_ids`` (``opsd_step.py``). Returns verl's updated batch meta (every persisted field)."""
     return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(dict(fields), batch_size=len(batch)))
+
+
+def read_old_log_prob_batch(config, batch) -> AdvantageBatch:
+    """What the fused old_log_prob step reads (uid, the response mask, responses; rollout log-probs for the
+    debug metrics), padded as the advantage step pads it, so that the replay's rows are the same rows."""
+    fields = ["uid", "response_mask", "responses"]
+    if config.actor_rollout_ref.rollout.calculate_log_probs:
+        fields.append("rollout_log_probs")
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    response_mask = data["response_mask"]
+    data = DataProto(batch=data.to_padded_tensor())
+    data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+    return AdvantageBatch(data=data, response_mask_nested=response_mask, rollout_correction=False)
+
+
+def write_old_log_probs(config, batch, ob: AdvantageBatch, old_log_probs: torch.Tensor, entropy: torch.Tensor, metrics: dict):
+    """Steps 2-4 of verl's ``_compute_old_log_prob`` (module docstring) for padded [B, T] ``old_log_probs`` and
+    ``entropy``. Returns verl's updated batch meta."""
+    fields = {
+        "old_log_probs": response_to_nested(old_log_probs, ob.response_mask_nested),
+        "entropy": response_to_nested(entropy, ob.response_mask_nested),
+    }
+    batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch)))
+    data = ob.data
+    data.batch["old_log_probs"], data.batch["entropy"] = old_log_probs, entropy
+    actor_config = config.actor_rollout_ref.actor
+    entropy_agg = agg_loss(
+        loss_mat=data.batch["entropy"],
+        loss_mask=data.batch["response_mask"],
+        loss_agg_mode=actor_config.loss_agg_mode,
+        loss_scale_factor=actor_config.loss_scale_factor,
+    )
+    metrics.update({"actor/entropy": entropy_agg.detach().item()})
+    if config.actor_rollout_ref.rollout.calculate_log_probs:
+        metrics.update(calculate_debug_metrics(data))
+    return batch

@@ -18,11 +18,12 @@ from verl.single_controller.base.decorator import make_nd_compute_dataproto_disp
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from recipe.mrtpo.core.replay import hf_forward, replay_relevance, sync_max_over_ranks
+from recipe.mrtpo.core.passes import PassSettings, hf_forward, sync_max_over_ranks
+from recipe.mrtpo.core.replay import replay_relevance
 
-#: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``); chunk_size 0 = auto,
-#: token_budget 0 = micro-batches of ``micro_batch_size`` sequences
-REPLAY_SETTINGS = ("temperature", "measure", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "compile_js")
+#: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``): the pass engine's
+#: (:class:`recipe.mrtpo.core.passes.PassSettings`; ``layout`` optional, "auto") and the replay's own
+REPLAY_SETTINGS = (*PassSettings.WIRE_KEYS, "measure", "compile_js")
 #: dtype of the compact relevance rows handed back (docs/design.md §5): q in [0, 1] needs ~3 digits, not fp32
 RELEVANCE_DTYPE = torch.bfloat16
 
@@ -30,11 +31,27 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
 
-def _module_device(module) -> torch.device:
-    for p in module.parameters():
-        local = getattr(p, "to_local", None)  # FSDP2 DTensor
-        return (local() if local else p).device
-    return torch.device("cpu")
+def pass_device() -> torch.device:
+    """Where a pass's inputs go: verl's device (``get_device_name`` / ``get_device_id``), not the module's
+    first parameter (with FSDP2's ``offload_policy`` the shards live on CPU while the compute runs on the
+    accelerator). CPU where verl names an accelerator that this process cannot use (verl falls back to
+    naming "cuda" when it detects none; the recipe's CPU runs register a "cpu" platform)."""
+    from verl.utils.device import get_device_id, get_device_name
+
+    name = get_device_name()
+    module = getattr(torch, name, None)
+    if name == "cpu" or module is None or not module.is_available():
+        return torch.device("cpu")
+    return torch.device(name, get_device_id())
+
+
+def attn_implementation(module) -> str:
+    """The module's attention implementation (``config._attn_implementation``; "" when it has none)."""
+    for m in (module, getattr(module, "_fsdp_wrapped_module", None), getattr(module, "module", None)):
+        cfg = getattr(m, "config", None)
+        if cfg is not None:
+            return str(getattr(cfg, "_attn_implementation", "") or "")
+    return ""
 
 
 def _sync_max(n: int) -> int:
@@ -43,45 +60,40 @@ def _sync_max(n: int) -> int:
     return sync_max_over_ranks(n)
 
 
-def _settings(data: TensorDict, keys: tuple[str, ...], method: str) -> dict:
-    """The non-tensor settings ``keys`` of ``data``; a clear error naming ``method`` when one is missing."""
-    settings = {k: tu.get(data, key=k) for k in keys}
-    missing = [k for k, v in settings.items() if v is None]
+def _wire(data: TensorDict, keys: tuple[str, ...]) -> dict:
+    return {k: tu.get(data, key=k) for k in keys}
+
+
+def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = "") -> tuple[PassSettings, dict]:
+    """The pass settings of ``data`` and its other settings ``keys``; a clear error naming ``method`` when
+    one is missing."""
+    wire = _wire(data, tuple(dict.fromkeys((*PassSettings.WIRE_KEYS, *keys))))
+    missing = [k for k in keys if k != "layout" and wire.get(k) is None]
     if missing:
         raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
-    return settings
+    return PassSettings.from_wire(wire, method, attn), wire
 
 
-def _pass_options(settings: dict, device, sync) -> dict:
-    """The keyword arguments that the replay and the OPSD teacher pass share (chunk_size / token_budget 0 = auto)."""
-    chunk, budget = int(settings["chunk_size"]), int(settings["token_budget"])
-    return {
-        "temperature": float(settings["temperature"]),
-        "micro_batch_size": int(settings["micro_batch_size"]),
-        "token_budget": budget if budget > 0 else None,
-        "chunk_size": chunk if chunk > 0 else None,
-        "pad_id": int(settings["pad_token_id"]),
-        "device": device,
-        "sync_forward_count": sync,
-    }
+def _pass_counts(out: dict, rows: int) -> torch.Tensor:
+    """[rows, 4] long: this rank's own and agreed forward counts and its forwarded and existing tokens,
+    the same on each of its rows (the driver reads one row per rank)."""
+    keys = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
+    counts = torch.tensor([int(out[k]) for k in keys], dtype=torch.long)
+    return counts.expand(rows, len(keys)).clone()
 
 
-def _forward_counts(out: dict, rows: int) -> torch.Tensor:
-    """[rows, 2] long: this rank's own and the agreed forward counts of a pass, the same on each of its rows."""
-    counts = torch.tensor([int(out["n_forwards"]), int(out["n_forwards_global"])], dtype=torch.long)
-    return counts.expand(rows, 2).clone()
-
-
-def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict:
+def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
     """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
 
     ``data``: the packed rows (``variant_ids``, ``variant_lens``, ``responses``, ``response_mask``,
-    ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance``
-    [R, NV', T] in :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards),
-    ``replay_logprobs`` [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 2]
-    (this rank's own and agreed forward counts, the same on each of its rows).
+    ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
+    :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
+    :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`);
+    with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
-    settings = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance")
+    settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn)
+    fused = bool(tu.get(data, key="fused") or False)  # optional: the old_log_prob step fused with the replay
     out = replay_relevance(
         forward,
         data["variant_ids"].cpu(),
@@ -89,20 +101,23 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict
         data["responses"].cpu(),
         data["response_mask"].cpu(),
         data["pair_variant"].cpu(),
-        measure=str(settings["measure"]),
-        compiled_js=bool(settings["compile_js"]),
+        measure=str(wire["measure"]),
+        compiled_js=bool(wire["compile_js"]),
         logprob_variant=data["logprob_variant"].cpu() if "logprob_variant" in data.keys() else None,
-        **_pass_options(settings, device, sync),
+        settings=settings,
+        device=device,
+        sync_forward_count=sync,
+        entropy=fused,
     )
     R = data["pair_variant"].shape[0]
-    return TensorDict(
-        {
-            "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
-            "replay_logprobs": out["replay_logprobs"],
-            "replay_forwards": _forward_counts(out, R),
-        },
-        batch_size=[R],
-    )
+    fields = {
+        "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
+        "replay_logprobs": out["replay_logprobs"],
+        "replay_forwards": _pass_counts(out, R),
+    }
+    if fused:
+        fields["replay_entropy"] = out["replay_entropy"]
+    return TensorDict(fields, batch_size=[R])
 
 
 class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -128,7 +143,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
 
     def _no_grad_pass(self, rows_fn, data: TensorDict, what: str) -> TensorDict:
-        """``rows_fn(forward, data, device, sync)`` through the actor's FSDP module in eval mode, without
+        """``rows_fn(forward, data, device, sync, attn)`` through the actor's FSDP module in eval mode, without
         gradients (the shared body of the two passes above)."""
         engine = self.actor.engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
@@ -136,7 +151,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             raise NotImplementedError(f"{what} runs the plain module forward: ulysses sequence parallel > 1 is not supported")
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
-            return rows_fn(hf_forward(module), data, _module_device(module), _sync_max)
+            return rows_fn(hf_forward(module), data, pass_device(), _sync_max, attn_implementation(module))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
@@ -161,21 +176,23 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         return super().update_actor(data)
 
 
-def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max) -> TensorDict:
+def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
     """This rank's rows through :func:`recipe.mrtpo.core.opsd.teacher_topk_rows` (the trainer-free part of
     :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``opsd_driver.TEACHER_SETTINGS``)."""
     from recipe.mrtpo.core.opsd import teacher_topk_rows
     from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
 
-    settings = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher")
+    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn)
     out = teacher_topk_rows(
         forward,
         data["prompt_ids"].cpu(),
         data["prompt_lens"].cpu(),
         data["responses"].cpu(),
         data["response_mask"].cpu(),
-        k=int(settings["topk"]),
-        **_pass_options(settings, device, sync),
+        k=int(wire["topk"]),
+        settings=settings,
+        device=device,
+        sync_forward_count=sync,
     )
     R = data["prompt_lens"].shape[0]
     return TensorDict(
@@ -183,7 +200,7 @@ def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max) -> Tens
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"],
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": _forward_counts(out, R),
+            "teacher_forwards": _pass_counts(out, R),
         },
         batch_size=[R],
     )

@@ -9,9 +9,11 @@ its prompt variants. The prompts carry 2-3 constraints each and the variants of 
 out as prompt 1..4, 1..4, ...: with 4 responses a prompt each rank holds two rows of every group and the
 work is even by construction (measured: 14 and 14, then 18/18, 10/10, 18/18 forwards); with 3 it holds
 two rows of some groups and one of the others, which makes it uneven. ``trainer.balance_batch=False``
-keeps that layout (verl's balancing reorders rows to even out the ranks' tokens). Each FSDP2 forward
-all-gathers across both ranks; the run completes only because the ranks agree on the forward count
-before the first one (short ranks pad).
+keeps that layout (verl's balancing reorders rows to even out the ranks' tokens). The replay then assigns its
+own rows to the ranks by their tokens (``pass_driver.balanced_order``, verl's sequence-length balancing) and
+reports each rank's tokens and forwards; token balance does not even out forward counts, so the ranks still
+differ in work. Each FSDP2 forward all-gathers across both ranks; the run completes only because the ranks
+agree on the forward count before the first one (short ranks pad).
 
 Measured on the 2-core machine (other jobs running): 4 steps in 402 s (the first logged at 340 s, most of
 it start-up; steps 48, 19, 17, 20 s), peak PSS 13.1 GiB (summed RSS 16.9 GiB); real replay forwards of the
@@ -79,12 +81,16 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, t
         assert ((rel >= 0) & (rel <= 1)).all() and (rel[~variance] == 0).all() and (rel.sum(-1)[variance] > 0).all()
         assert torch.isfinite(d["advantages"]).all() and (d["advantages"][~d["response_mask"].bool()] == 0).all()
         assert math.isfinite(m["mrtpo/adv_abs_mean"]) and m["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-4
-        # both ranks' rows map back to the right samples: replay log-probs equal verl's old_log_probs (fp32)
-        assert m["mrtpo/consistency/rows"] > 0 and m["mrtpo/consistency/max_abs_logprob_diff"] < 1e-4
+        # the replay runs in the old_log_prob step: both ranks' rows map back to the right samples when the
+        # fused old_log_probs make the update's PPO ratio 1 up to numerics (one update from those weights, fp32)
+        assert m["mrtpo/replay_fused_old_log_prob"] == 1 and m["mrtpo/consistency/fused_rows"] > 0
+        assert abs(m["actor/ppo_kl"]) < 1e-4, m["actor/ppo_kl"]
         fmax, fmin, pad = m["mrtpo/replay_forwards_max"], m["mrtpo/replay_forwards_min"], m["mrtpo/replay_padding_forwards"]
         assert pad == fmax - fmin  # two ranks: the short one pads up to the long one
-        uneven.append((fmin, fmax))
+        tmax, tmin = m["mrtpo/replay_tokens_max"], m["mrtpo/replay_tokens_min"]
+        assert 0 < tmin <= tmax and m["mrtpo/replay_tokens_over_existing"] >= 1.0
+        uneven.append((fmin, fmax, tmin, tmax))
     print(f"\n[e2e 2 ranks] wall {res.wall_s:.0f}s, first step at {res.first_step_at_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB "
-          f"(RSS {res.peak_rss_gib:.1f}), per-rank replay forwards (min, max) by step {uneven}, "
+          f"(RSS {res.peak_rss_gib:.1f}), per-rank replay forwards and tokens (min, max, min, max) by step {uneven}, "
           f"step s {[round(res.steps[s].get('timing_s/step', float('nan'))) for s in sorted(res.steps)]}")
-    assert any(0 < lo < hi for lo, hi in uneven), f"no step had replay on both ranks with uneven work: {uneven}"
+    assert all(lo > 0 for lo, *_ in uneven), f"a rank replayed nothing although rows were balanced by tokens: {uneven}"

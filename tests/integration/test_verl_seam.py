@@ -45,3 +45,29 @@ def test_mirrored_details_match_the_upstream_text():
         assert line in src, line
     seam = Path(verl_seam.__file__).read_text()
     assert "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)" in seam
+
+
+OLD_LOG_PROB = Path(__file__).resolve().parent / "data" / "verl_0.9.1_compute_old_log_prob.py.txt"
+
+
+def test_upstream_old_log_prob_step_is_the_pinned_one():
+    verl_seam.check_upstream(verl_seam.upstream_source("_compute_old_log_prob"), OLD_LOG_PROB.read_text(), "_compute_old_log_prob")
+
+
+def test_the_old_log_prob_guard_notices_a_changed_line_and_the_mirrored_lines_are_upstream():
+    src = verl_seam.upstream_source("_compute_old_log_prob")
+    changed = src.replace('"calculate_entropy": True,', '"calculate_entropy": False,')
+    assert changed != src
+    with pytest.raises(RuntimeError, match=r"(?s)_compute_old_log_prob changed.*\+\s+\"calculate_entropy\": False"):
+        verl_seam.check_upstream(changed, OLD_LOG_PROB.read_text(), "_compute_old_log_prob")
+    for line in (  # what write_old_log_probs re-states, in verl's words
+        'fields=data.select("old_log_probs", "entropy")',
+        'data["entropy"] = response_from_nested(data.pop("entropy"), data["response_mask"])',
+        "loss_agg_mode=actor_config.loss_agg_mode,",
+        "loss_scale_factor=actor_config.loss_scale_factor,",
+        '"actor/entropy": entropy_agg.detach().item(),',
+        "if self.config.actor_rollout_ref.rollout.calculate_log_probs:",
+        "metrics.update(calculate_debug_metrics(data))",
+        'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)',
+    ):
+        assert line in src, line

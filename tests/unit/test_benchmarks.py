@@ -59,7 +59,7 @@ def test_bench_replay_prints_a_row_of_ratios_per_variant_count(capsys):
     assert out[-1].startswith("(best of 1; V = 151936;")
 
 
-@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py", "bench_noise_floor.py"])
+@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py", "bench_noise_floor.py", "bench_packing.py"])
 def test_benchmarks_run_as_scripts_from_the_repo_root(script):
     # the recipe installed (``pip install -e .``) is stood in for by PYTHONPATH
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -92,9 +92,26 @@ def test_bench_plan_times_the_plan_with_and_without_the_render_cache(capsys):
         assert int(r[1]) == 6 and int(r[2]) == 5
         renders, distinct = int(r[5]), int(r[6])
         assert 0 < distinct < renders  # a group's samples share their renders
-        _ratio(r[7].rstrip("s")), _ratio(r[8].rstrip("s"))
+        assert 0 < int(r[7])  # distinct text pieces the piece encoder tokenized
+        _ratio(r[8].rstrip("s")), _ratio(r[9].rstrip("s")), _ratio(r[10].rstrip("s"))
     assert int(rows["if"][6]) <= 3 * 6  # prompt-placed Z: P_all + 5 variants per prompt, whatever n
-    assert re.fullmatch(r"plan: 6 responses x 5 rewards: \d+\.\d\d s with CachedRender \(\d+\.\d\d s without\)", out[-1])
+    assert re.fullmatch(r"plan: 6 responses x 5 rewards: \d+\.\d\d s with CachedRender over pieces \(\d+\.\d\d s whole "
+                        r"prompts, \d+\.\d\d s without CachedRender\); \d+\.\d\d s per 1,024", out[-1])
+
+
+def test_bench_packing_counts_every_layout_and_ends_with_the_if_line(capsys):
+    from benchmarks import bench_packing
+
+    bench_packing.main(["--responses", "64", "--budget", "4096"])
+    out = capsys.readouterr().out.splitlines()
+    rows = [_cells(line) for line in out if line.lstrip().startswith(("if ", "sql ", "tool "))]
+    assert [(r[0], r[1]) for r in rows] == [(m, lay) for m in ("if", "sql", "tool") for lay in ("padded", "sorted", "packed")]
+    for r in rows:
+        assert float(r[2]) >= 1.0 and float(r[6]) >= 1.0  # forwarded >= existing, replay and teacher
+    packed = {r[0]: r for r in rows if r[1] == "packed"}
+    assert all(float(r[2]) == 1.0 and float(r[3]) == 1.0 for r in packed.values())
+    last = re.fullmatch(r"packing: forwarded / existing tokens = (\d+\.\d\d) \(was (\d+\.\d\d)\); forwards per replayed row = (\d+\.\d+)", out[-1])
+    assert last and float(last.group(1)) == 1.0 and float(last.group(2)) > 1.0
 
 
 BLOCK_HEAVY_IMPORTS = """

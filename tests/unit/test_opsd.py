@@ -9,7 +9,6 @@ from tensordict import TensorDict
 from recipe.mrtpo.config import mrtpo_config
 from recipe.mrtpo.core.opsd import (
     forward_kl_topk,
-    plan_forwards,
     sequence_teacher_fields,
     teacher_topk_from_logits,
     teacher_topk_rows,
@@ -88,15 +87,6 @@ def test_forward_kl_topk_zero_on_itself_positive_otherwise_and_overlap():
     assert (forward_kl_topk(lp, ids, b) > 0).all()
     assert torch.equal(topk_overlap(ids, ids), torch.ones(4))
     assert (topk_overlap(ids, b.topk(8, -1).indices) < 1).any()
-
-
-def test_plan_forwards_rows_and_token_budget():
-    assert plan_forwards([5, 5, 5, 5, 5], max_rows=2) == [[0, 1], [2, 3], [4]]
-    assert plan_forwards([5, 0, 5, 9, 2], max_rows=8, token_budget=12) == [[0, 2], [3], [4]]  # 0 = padding row
-    assert plan_forwards([30, 3], max_rows=8, token_budget=10) == [[0], [1]]  # an over-long row goes alone
-    for lens, budget in (([7, 3, 9, 2, 2, 8], 16), ([4] * 9, 12)):
-        for grp in plan_forwards(lens, max_rows=3, token_budget=budget):
-            assert len(grp) <= 3 and (len(grp) == 1 or len(grp) * max(lens[r] for r in grp) <= budget)
 
 
 def test_sequence_layout_is_what_verl_reads_at_the_response():

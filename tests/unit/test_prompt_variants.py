@@ -198,3 +198,34 @@ def test_cached_render_renders_each_distinct_prompt_once():
     ids = cached(MSGS)
     ids.append(-1)  # callers get their own list
     assert cached(MSGS) == render(MSGS)
+
+
+def test_piece_encoder_equals_whole_prompts_on_the_qwen2_template_and_falls_back_when_not(tmp_path):
+    """The trainer's replay tokenizes each distinct line-led piece once: ids equal the whole render's."""
+    from transformers import AutoTokenizer
+
+    from recipe.mrtpo.core.prompt_variants import CachedRender, PieceEncoder
+    from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(tmp_path / "tok"))
+    whole = lambda m: list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))  # noqa: E731
+    text = lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False)  # noqa: E731
+    encode = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    schema = "CREATE TABLE t (\n  id INTEGER,\n  name TEXT\n);\n\n\nCREATE TABLE u (\n \n  x REAL\n);"
+    ctx = {"fmt": {"text": "Answer in one ```sql block.", "placement": "prompt"},
+           "gold": {"text": "SELECT name FROM t\nWHERE id = 1", "placement": "appended"},
+           "err": {"text": "error: no such column: z\n  at line 2", "placement": "appended"}}
+    msgs = [{"role": "system", "content": "Be exact.\n\n  Indented line.\n\tTab."},
+            {"role": "user", "content": f"Schema:\n\n{schema}\n\nQuestion: names? Answer in one ```sql block.\n\nThanks 日本語 😀."}]
+    cached = CachedRender(render_text=text, encode=encode)
+    plain = build_sample_variants(msgs, ctx, sorted(ctx), whole)
+    pieces = build_sample_variants(msgs, ctx, sorted(ctx), cached)
+    assert pieces.variants == plain.variants and len(plain.variants) == 4
+    enc = cached.encoder
+    assert enc.mismatches == 0 and not enc.whole and enc.piece_hits > 0  # shared pieces tokenized once
+    # a tokenizer that would merge across the boundary is caught at the first check, counted, and avoided
+    joined = {"a\n": [1], "b": [2], "a\nb": [3]}
+    bad = PieceEncoder(lambda t: joined.get(t, [9]), verify_every=10)
+    assert bad("a\nb") == [3] and bad.mismatches == 1 and bad.whole and bad("a\nb") == [3]
+    with pytest.raises(ValueError, match="render_text and encode"):
+        CachedRender(render_text=text)

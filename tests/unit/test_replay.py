@@ -5,16 +5,20 @@ import weakref
 import pytest
 import torch
 
+from recipe.mrtpo.core.passes import PassSettings, plan_forwards
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.relevance import js_distance_from_logits
 from recipe.mrtpo.core.replay import (
     expand_relevance,
     hf_forward,
-    pack_micro_batches,
     plan_sequences,
     replay_relevance,
     response_lengths,
 )
+
+
+def pack_micro_batches(seqs, micro_batch_size, token_budget=None):  # the arrival-order (padded) layout
+    return plan_forwards(seqs, PassSettings(micro_batch_size=micro_batch_size, token_budget=token_budget, layout="padded"))
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +223,7 @@ def test_token_budget_bounds_every_forward_and_pall_is_not_a_view(tiny):
         return logits
 
     with torch.no_grad():
-        out = replay_relevance(counting, ids, lens, resp, mask, pair, micro_batch_size=100, token_budget=budget)
+        out = replay_relevance(counting, ids, lens, resp, mask, pair, micro_batch_size=100, token_budget=budget, layout="padded")
         one = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=1)
     longest = P + T  # the long row's sequences alone exceed nothing but themselves
     assert max(stats["tokens"]) <= max(budget, longest) and max(stats["positions"]) <= max(budget, longest)
@@ -234,7 +238,7 @@ def test_token_budget_bounds_every_forward_and_pall_is_not_a_view(tiny):
     stats = {"tokens": [], "positions": [], "lengths": []}
     returned.clear()
     with torch.no_grad():
-        replay_relevance(counting, ids, lens, resp, mask, pair, micro_batch_size=3)
+        replay_relevance(counting, ids, lens, resp, mask, pair, micro_batch_size=3, layout="padded")
     assert stats["positions"] == [3 * (T + 1)] + [3 * (3 + 1)] * (R - 1)
 
 

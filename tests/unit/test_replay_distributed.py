@@ -64,6 +64,17 @@ def _replay(model, rows, sync):
                                 temperature=0.8, sync_forward_count=sync)
 
 
+def _teacher(model, rows, sync):
+    """The OPSD teacher pass (P_all of each row) through the same engine, packed into one row per forward."""
+    from recipe.mrtpo.core.opsd import teacher_topk_rows
+    from recipe.mrtpo.core.passes import hf_forward
+
+    ids, lens, responses, mask, _ = (x[rows] for x in replay_inputs())
+    with torch.no_grad():
+        return teacher_topk_rows(hf_forward(model), ids[:, 0], lens[:, 0], responses, mask, k=3, temperature=0.8,
+                                 micro_batch_size=1, layout="packed", packed_attention="block_mask", sync_forward_count=sync)
+
+
 def rank_main(rank: int, world: int, workdir: Path) -> None:
     """One rank: FSDP2-shard the model (each decoder layer, then the root), replay this rank's rows."""
     import torch.distributed as dist
@@ -80,6 +91,7 @@ def rank_main(rank: int, world: int, workdir: Path) -> None:
     fully_shard(model, mesh=mesh)
     out = _replay(model, ROWS_OF_RANK[rank], sync_max_over_ranks)
     torch.save(out, workdir / f"rank{rank}.pt")
+    torch.save(_teacher(model, ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"teacher{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -118,6 +130,13 @@ def test_uneven_ranks_under_fsdp2_finish_and_equal_one_process(tmp_path):
     assert torch.allclose(got_rel, ref["variant_relevance"], atol=1e-5)
     assert torch.allclose(got_lp, ref["replay_logprobs"], atol=1e-5)
     assert (ref["variant_relevance"][0, :2] > 0).any() and (ref["variant_relevance"][2, :, 2:4] == 0).all()
+    # the teacher pass, same engine: 3 forwards against 1, agreed; equal to one process (gapped mask of row 2)
+    teach = [torch.load(tmp_path / f"teacher{r}.pt") for r in range(WORLD)]
+    assert [int(o["n_forwards"]) for o in teach] == [3, 1] and [int(o["n_forwards_global"]) for o in teach] == [3, 3]
+    tref = _teacher(tiny_qwen2(), [0, 1, 2, 3], None)
+    for key in ("topk_logprobs", "token_logprobs"):
+        assert torch.allclose(torch.cat([o[key] for o in teach]), tref[key], atol=1e-5), key
+    assert torch.equal(torch.cat([o["topk_ids"] for o in teach]), tref["topk_ids"])
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
     def dispatch(inputs, settings):
         seen.update(settings=settings, rows=inputs["pair_variant"].shape[0])
         R, NV = inputs["variant_lens"].shape
-        rows = torch.arange(R * (NV - 1) * T, dtype=torch.float32).view(R, NV - 1, T) / 100
+        # an answer that depends on the row's content, not its position (the driver orders rows for balance)
+        rows = (inputs["responses"][:, :1, None].float() + torch.arange((NV - 1) * T).view(1, NV - 1, T)) / 100
         forwards = torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]])  # rank 0: 3 forwards, rank 1: 1 (+2 padding)
         return {"variant_relevance": rows.to(torch.bfloat16), "replay_logprobs": torch.zeros(R, T),
                 "replay_forwards": forwards[:R]}
@@ -103,15 +104,18 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
                      dp_size=2, temperature=1.0, pad_id=0, token_budget=96)
     assert seen["settings"]["token_budget"] == 96 and seen["rows"] == 2
     assert res.relevance.dtype == torch.float32 and res.relevance.shape == (4, 2, T) and res.rows == [0, 1]
-    expect = (torch.arange(2 * 2 * T, dtype=torch.float32).view(2, 2, T) / 100).to(torch.bfloat16).float()
+    expect = ((responses[:2, :1, None].float() + torch.arange(2 * T).view(1, 2, T)) / 100).to(torch.bfloat16).float()
     # both rewards' variants of each row: pair a -> variant 1 (row 0), b -> variant 2 (row 1)
     assert torch.equal(res.relevance[:2], expect) and (res.relevance[2:] == 0).all()
     assert res.metrics["mrtpo/replay_forwards_max"] == 3 and res.metrics["mrtpo/replay_forwards_min"] == 3
     assert res.metrics["mrtpo/replay_padding_forwards"] == 0
-    from recipe.mrtpo.replay_driver import forward_metrics
+    from recipe.mrtpo.pass_driver import pass_metrics
 
-    m = forward_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2)
+    m = pass_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2, "mrtpo/replay")
     assert m == {"mrtpo/replay_forwards_max": 3, "mrtpo/replay_forwards_min": 1, "mrtpo/replay_padding_forwards": 2}
+    m = pass_metrics(torch.tensor([[3, 3, 90, 80], [3, 3, 90, 80], [1, 3, 30, 30], [1, 3, 30, 30]]), 2, "mrtpo/replay")
+    assert m["mrtpo/replay_tokens_max"] == 90 and m["mrtpo/replay_tokens_min"] == 30
+    assert m["mrtpo/replay_tokens_over_existing"] == 120 / 110
 
 
 def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
@@ -137,7 +141,20 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
                      torch.ones(2, T, dtype=torch.long), [render(msgs)] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
     assert seen["lpv"] == [1, 1] and res.logprobs_are_rollout_prompt == [True, True]
     m = res.consistency_metrics(torch.ones(2, T), torch.full((2, T), -1.0))
-    assert m == {"mrtpo/consistency/rows": 2, "mrtpo/consistency/max_abs_logprob_diff": 0.0}
+    assert m["mrtpo/consistency/rows"] == 2 and m["mrtpo/consistency/max_abs_logprob_diff"] == 0.0
+    assert m["mrtpo/consistency/tokens"] == 2 * T and m["mrtpo/consistency/p99_abs_logprob_diff"] == 0.0
+    # a long tail: one token off by 1 among many, the max sees it, the mean and p99 hardly
+    from recipe.mrtpo.replay_driver import ReplayResult
+
+    tail = ReplayResult(relevance=torch.zeros(1, 1, 200), replayed=torch.ones(1, 1, dtype=torch.bool), rows=[0],
+                        replay_logprobs=torch.zeros(1, 200), logprobs_are_rollout_prompt=[True])
+    old = torch.zeros(1, 200)
+    old[0, :10] = 1e-3
+    old[0, 7] = 1.0
+    t = tail.consistency_metrics(torch.ones(1, 200), old)
+    assert t["mrtpo/consistency/max_abs_logprob_diff"] == 1.0
+    assert abs(t["mrtpo/consistency/mean_abs_logprob_diff"] - (1.0 + 9e-3) / 200) < 1e-7
+    assert 1e-3 - 1e-6 < t["mrtpo/consistency/p99_abs_logprob_diff"] < 1.0
     # a rollout prompt that matches no variant: no consistency row
     res2 = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
                       torch.ones(2, T, dtype=torch.long), [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)

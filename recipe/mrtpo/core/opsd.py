@@ -13,20 +13,20 @@ and the student is pulled towards it with verl's top-k forward KL (``forward_kl_
     D[t]        = sum_{v in K_T[t]} p_T(v|t) (log p_T(v|t) - log p_S(v|t))
 
 or one of verl's single-sample estimators on the sampled token (``k3``...). Everything here is pure torch
-over any causal-LM forward callable (the worker binds it to the FSDP module); memory is bounded by top-k:
-a forward keeps the response logits of one micro-batch, the log-softmax expands ``chunk_size`` positions
+over any causal-LM forward callable (the worker binds it to the FSDP module), forwarded by the pass engine
+the replay uses (:mod:`recipe.mrtpo.core.passes`); memory is bounded by top-k: a forward keeps the
+response logits of its sequences only, the log-softmax expands ``chunk_size`` positions
 x V to fp32 at a time, and only [rows, T, k] leaves this module. Never rows x T x V.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 
-# forward(input_ids [b, L], attention_mask [b, L], position_ids [b, L], keep: int) -> logits [b, keep, V]
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+from recipe.mrtpo.core.passes import ForwardFn, PassSequence, PassSettings, response_lengths, row_sequences, run_pass
 
 #: positions whose fp32 [chunk, V] log-softmax is formed at once when no chunk size is given (~64 MiB at V = 152k)
 DEFAULT_CHUNK_POSITIONS = 110
@@ -95,49 +95,6 @@ def topk_overlap(ids_a: torch.Tensor, ids_b: torch.Tensor) -> torch.Tensor:
     return hit.float().mean(-1)
 
 
-def plan_forwards(lengths: Sequence[int], max_rows: int, token_budget: Optional[int] = None) -> list[list[int]]:
-    """Group rows (in order) into forwards: at most ``max_rows`` rows and, with a budget, at most
-    ``token_budget`` padded tokens (rows x longest sequence of the group) per forward. A row longer than
-    the budget gets a forward of its own; rows of length 0 (padding rows) get none."""
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for r, n in enumerate(lengths):
-        if n <= 0:
-            continue
-        new_longest = max(longest, int(n))
-        over_budget = token_budget is not None and token_budget > 0 and new_longest * (len(cur) + 1) > token_budget
-        if cur and (len(cur) >= max_rows or over_budget):
-            groups.append(cur)
-            cur, new_longest = [], int(n)
-        cur.append(r)
-        longest = new_longest
-    if cur:
-        groups.append(cur)
-    return groups
-
-
-def _pack(prompt_ids, prompt_lens, responses, resp_lens, rows, pad_id):
-    """[prompt (left-padded to the group's longest) | response (right-padded to the group's longest)]."""
-    P = int(max(int(prompt_lens[r]) for r in rows))
-    T = int(max(int(resp_lens[r]) for r in rows))
-    T = max(T, 1)
-    n = len(rows)
-    ids = torch.full((n, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, P + T), dtype=torch.long)
-    width = prompt_ids.shape[1]
-    for j, r in enumerate(rows):
-        L, R = int(prompt_lens[r]), int(resp_lens[r])
-        ids[j, P - L : P] = prompt_ids[r, width - L :]
-        attn[j, P - L : P] = 1
-        ids[j, P : P + R] = responses[r, :R]
-        attn[j, P : P + R] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return ids, attn, pos, T
-
-
 def teacher_topk_rows(
     forward: ForwardFn,
     prompt_ids: torch.Tensor,
@@ -153,54 +110,58 @@ def teacher_topk_rows(
     pad_id: int = 0,
     device: torch.device | str = "cpu",
     sync_forward_count: Optional[Callable[[int], int]] = None,
+    layout: str = "sorted",
+    packed_attention: str = "block_mask",
+    settings: Optional[PassSettings] = None,
 ) -> dict[str, torch.Tensor]:
     """The teacher pass over packed rows: each row's teacher prompt followed by its sampled response.
 
     Input: ``prompt_ids`` [R, P] LEFT-padded teacher prompts (P_all), ``prompt_lens`` [R] (0: a padding row,
-    no forward), ``responses`` / ``response_mask`` [R, T]. Rows go through ``forward`` in groups of
-    :func:`plan_forwards` (``micro_batch_size`` rows, ``token_budget`` padded tokens). The number of
-    forwards is agreed with ``sync_forward_count(n_local) -> n_global`` BEFORE the first one (FSDP
-    all-gathers per forward); the extra forwards of a short rank run one pad token and are discarded.
+    no forward), ``responses`` / ``response_mask`` [R, T]. The forwards are the pass engine's
+    (:func:`recipe.mrtpo.core.passes.run_pass`: its packer, layouts and forward-count agreement, the same as
+    the replay's; ``settings`` or the keyword arguments it is made of). A row is forwarded up to its last
+    valid response token (:func:`recipe.mrtpo.core.passes.response_lengths`: a mask with gaps keeps them
+    attended).
 
     Returns ``topk_logprobs`` [R, T, k] fp32, ``topk_ids`` [R, T, k] int64, ``token_logprobs`` [R, T] fp32
-    (0 at masked positions and on padding rows) and the forward counts ``n_forwards``, ``n_forwards_global``.
+    (all 0 at masked positions and on padding rows) and the counts ``n_forwards``, ``n_forwards_global``,
+    ``tokens_forwarded``, ``tokens_existing``.
     """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if settings is None:
+        settings = PassSettings(temperature=float(temperature), micro_batch_size=int(micro_batch_size), token_budget=token_budget,
+                                chunk_size=chunk_size, pad_id=int(pad_id), layout=layout, packed_attention=packed_attention)
     R, T = responses.shape
-    k_eff = int(k)
-    resp_lens = response_mask.long().sum(-1)
-    lengths = [int(prompt_lens[r]) + int(resp_lens[r]) if int(prompt_lens[r]) > 0 else 0 for r in range(R)]
-    groups = plan_forwards(lengths, micro_batch_size, token_budget)
-    n_local = len(groups)
-    n_global = sync_forward_count(n_local) if sync_forward_count is not None else n_local
-    if n_global < n_local:
-        raise RuntimeError(f"forward-count agreement returned {n_global} < this rank's {n_local} forwards")
-    out_lp = torch.zeros(R, T, k_eff, dtype=torch.float32)
-    out_ids = torch.zeros(R, T, k_eff, dtype=torch.long)
+    resp_lens = response_lengths(response_mask)
+    out_lp = torch.zeros(R, T, int(k), dtype=torch.float32)
+    out_ids = torch.zeros(R, T, int(k), dtype=torch.long)
     out_tok = torch.zeros(R, T, dtype=torch.float32)
-    for rows in groups:
-        ids, attn, pos, Tg = _pack(prompt_ids, prompt_lens, responses, resp_lens, rows, pad_id)
-        # keep Tg + 1 positions: position P - 1 + t predicts response token t
-        logits = forward(ids.to(device), attn.to(device), pos.to(device), Tg + 1)[:, :Tg]
-        lp, tid, tok = teacher_topk_from_logits(logits, ids[:, -Tg:].to(logits.device), k_eff, temperature, chunk_size)
-        del logits
-        for j, r in enumerate(rows):
-            n = int(resp_lens[r])
-            kk = lp.shape[-1]
-            out_lp[r, :n, :kk] = lp[j, :n].cpu()
-            out_ids[r, :n, :kk] = tid[j, :n].cpu()
-            out_tok[r, :n] = tok[j, :n].cpu()
-    if n_global > n_local:
-        dummy = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
-        one = torch.ones((1, 1), dtype=torch.long, device=device)
-        for _ in range(n_global - n_local):
-            forward(dummy, one, torch.zeros_like(one), 1)
-    out_tok = out_tok * response_mask.float()
+
+    def consume(seqs: list[PassSequence], logits: torch.Tensor, single: bool) -> None:
+        r, n = seqs[0].row, seqs[0].resp_len
+        lp, tid, tok = teacher_topk_from_logits(logits[0], responses[r, :n].to(logits.device), int(k), settings.temperature, settings.chunk_size)
+        kk = lp.shape[-1]
+        out_lp[r, :n, :kk] = lp.cpu()
+        out_ids[r, :n, :kk] = tid.cpu()
+        out_tok[r, :n] = tok.cpu()
+
+    seqs = [s for r in range(R) if int(prompt_lens[r]) > 0 and int(resp_lens[r]) > 0
+            for s in row_sequences(r, [0], [int(prompt_lens[r])], int(resp_lens[r]))]
+    counts = run_pass(forward, prompt_ids.unsqueeze(1), responses, seqs, settings, consume, device=device,
+                      sync_forward_count=sync_forward_count)
+    valid = response_mask > 0
+    out_tok = out_tok * valid
+    out_lp = out_lp * valid.unsqueeze(-1)
+    out_ids = out_ids * valid.unsqueeze(-1)
     return {
         "topk_logprobs": out_lp,
         "topk_ids": out_ids,
         "token_logprobs": out_tok,
-        "n_forwards": torch.tensor(n_local),
-        "n_forwards_global": torch.tensor(n_global),
+        "n_forwards": torch.tensor(counts.n_forwards),
+        "n_forwards_global": torch.tensor(counts.n_forwards_global),
+        "tokens_forwarded": torch.tensor(counts.tokens_forwarded),
+        "tokens_existing": torch.tensor(counts.tokens_existing),
     }
 
 

@@ -22,15 +22,22 @@ prompts (e.g. two rewards with the same context) are replayed once.
 :func:`rollout_prompt_variant` says which variant of a sample is its rollout prompt (P_all for
 prompt-placed Z; for appended Z, the P_minus_k whose block is empty), the rows where the replay's log-probs
 must equal verl's ``old_log_probs``. :class:`CachedRender` renders each distinct message list once (the
-samples of a group share their prompt, and most of their variants).
+samples of a group share their prompt, and most of their variants); given the template's text and the
+tokenizer apart, it also tokenizes each distinct line-led piece of the rendered text once
+(:class:`PieceEncoder`): the variants of a group differ in a sentence or an appended block, and share the
+rest (a schema, tool documentation) that would otherwise be tokenized again for every variant.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
+
+logger = logging.getLogger(__name__)
 
 BLOCK_OPEN = "<verifier_information>"
 BLOCK_CLOSE = "</verifier_information>"
@@ -247,16 +254,70 @@ def rollout_prompt_variant(variants: Sequence[Sequence[int]], rollout_prompt: Se
     return -1
 
 
+#: where a rendered prompt may be cut into pieces tokenized apart: after a run of newlines, before a
+#: non-space character. Byte-level BPE pre-tokenizers (GPT-2's, Qwen2's) never join a newline run with
+#: what follows a non-space character, so the ids of the pieces concatenate to the ids of the whole.
+PIECE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")
+
+
+class PieceEncoder:
+    """``encode`` (text -> ids) over the text's pieces (:data:`PIECE_BOUNDARY`), each distinct piece once.
+
+    The result must equal ``encode(text)``; that holds for the byte-level BPE tokenizers of the run
+    scripts, and is checked: the first text and every ``verify_every``-th after it are also encoded whole,
+    and a mismatch (a tokenizer that merges across the boundary) switches this encoder to whole-text
+    encoding for good, counted in ``mismatches`` and logged. ``pieces`` / ``piece_hits`` count.
+    """
+
+    def __init__(self, encode: Callable[[str], Sequence[int]], verify_every: int = 64):
+        self._encode = encode
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self.verify_every = max(1, int(verify_every))
+        self.texts = self.pieces = self.piece_hits = self.mismatches = 0
+        self.whole = False
+
+    def __call__(self, text: str) -> list[int]:
+        self.texts += 1
+        if self.whole:
+            return list(self._encode(text))
+        ids: list[int] = []
+        for piece in PIECE_BOUNDARY.split(text):
+            self.pieces += 1
+            got = self._cache.get(piece)
+            if got is None:
+                got = self._cache[piece] = tuple(self._encode(piece))
+            else:
+                self.piece_hits += 1
+            ids.extend(got)
+        if (self.texts - 1) % self.verify_every == 0:
+            full = list(self._encode(text))
+            if full != ids:
+                self.mismatches += 1
+                self.whole = True
+                logger.warning("PieceEncoder: pieces tokenized apart differ from the whole text; encoding whole texts from now on")
+                return full
+        return ids
+
+
 class CachedRender:
     """``render`` (messages -> prompt ids) with one call per distinct message list.
 
     The n samples of a group carry the same prompt, and their P_all / P_minus_k variants repeat whenever
     their contexts do (prompt-placed Z always do), so a batch's planning renders each distinct prompt once.
     Keyed by the messages' JSON; holds the ids of one batch (make one per batch). ``calls`` / ``hits`` count.
+
+    With ``render_text`` (messages -> the chat template's text) and ``encode`` (text -> ids, no special
+    tokens added: what ``apply_chat_template(tokenize=True)`` does after rendering), a distinct prompt is
+    rendered to text and encoded by a :class:`PieceEncoder` (``self.encoder``) instead of ``render``.
     """
 
-    def __init__(self, render: Callable[[list[dict]], Sequence[int]]):
-        self._render = render
+    def __init__(self, render: Optional[Callable[[list[dict]], Sequence[int]]] = None,
+                 render_text: Optional[Callable[[list[dict]], str]] = None,
+                 encode: Optional[Callable[[str], Sequence[int]]] = None):
+        if (render_text is None) != (encode is None) or (render is None and render_text is None):
+            raise ValueError("CachedRender needs render, or render_text and encode")
+        self.encoder = PieceEncoder(encode) if encode is not None else None
+        self._render = (lambda m: self.encoder(render_text(m))) if self.encoder is not None else render
         self._cache: dict[str, tuple[int, ...]] = {}
         self.calls = 0
         self.hits = 0

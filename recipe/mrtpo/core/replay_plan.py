@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from recipe.mrtpo.core.advantage import group_has_variance
-from recipe.mrtpo.core.prompt_variants import build_sample_variants
+from recipe.mrtpo.core.prompt_variants import build_sample_variants, rollout_prompt_variant
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ReplayPlan:
     variants: int = 0  # distinct prompt variants forwarded (P_all included)
     deduplicated: int = 0
     replayed_mask: Optional[torch.Tensor] = None  # [B, K] bool
+    rollout_variant: list[int] = field(default_factory=list)  # per row: the variant that is the rollout prompt, -1 none
 
     def metrics(self) -> dict[str, float]:
         m = {
@@ -55,6 +57,7 @@ def build_replay_plan(
     max_prompt_length: Optional[int] = None,
     joint: bool = False,
     pad_id: int = 0,
+    rollout_prompts: Optional[Sequence[Sequence[int]]] = None,
 ) -> ReplayPlan:
     """Plan and pack the replay of a batch.
 
@@ -66,6 +69,8 @@ def build_replay_plan(
         responses, response_mask: [B, T] sampled ids and mask.
         render: messages -> prompt ids (chat template with generation prompt).
         joint: CoRT-style single P_none replay shared by every reward of the sample.
+        rollout_prompts: per sample its rollout prompt ids: ``plan.rollout_variant`` then says, per row,
+            which variant they are (:func:`rollout_prompt_variant`).
     """
     B, K = scores.shape
     variance = group_has_variance(scores, index)
@@ -90,20 +95,25 @@ def build_replay_plan(
             plan.replayed_mask[i, reward_names.index(name)] = True
         plan.rows.append(i)
         per_row.append(sv)
+        if rollout_prompts is not None:
+            plan.rollout_variant.append(rollout_prompt_variant(sv.variants, rollout_prompts[i]))
     R = len(per_row)
     T = responses.shape[1]
     NV = max((len(sv.variants) for sv in per_row), default=1)
     P = max((len(v) for sv in per_row for v in sv.variants), default=1)
-    ids = torch.full((R, NV, P), pad_id, dtype=torch.long)
-    lens = torch.zeros(R, NV, dtype=torch.long)
-    pair = torch.full((R, K), -1, dtype=torch.long)
+    # int32 ids (every vocabulary fits): half the bytes to the workers; numpy fills rows from lists without a
+    # tensor per variant
+    ids = np.full((R, NV, P), pad_id, dtype=np.int32)
+    lens = np.zeros((R, NV), dtype=np.int64)
+    pair = np.full((R, K), -1, dtype=np.int64)
     col = {n: k for k, n in enumerate(reward_names)}
     for r, sv in enumerate(per_row):
         for j, v in enumerate(sv.variants):
-            ids[r, j, P - len(v) :] = torch.tensor(v, dtype=torch.long)
+            ids[r, j, P - len(v) :] = v
             lens[r, j] = len(v)
         for name, j in sv.pair_variant.items():
             pair[r, col[name]] = j
+    ids, lens, pair = torch.from_numpy(ids), torch.from_numpy(lens), torch.from_numpy(pair)
     rows = torch.tensor(plan.rows, dtype=torch.long)
     plan.inputs = {
         "variant_ids": ids,

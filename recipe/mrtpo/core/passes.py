@@ -1,0 +1,331 @@
+"""The pass engine: every no-grad pass over the actor, at the cost of the tokens that exist (docs/design.md §5).
+
+The replay (JS of each variant against P_all, :mod:`recipe.mrtpo.core.replay`), the OPSD teacher (top-k,
+:mod:`recipe.mrtpo.core.opsd`) and the fused old_log_prob pass all forward sequences ``prompt | response``
+through the same causal LM and differ only in what they reduce per sequence. This module owns what they
+share: the sequences (:class:`PassSequence`), the one response-length rule (:func:`response_lengths`),
+the one packer (:func:`plan_forwards`), the one forward-count agreement with its padding forwards, the
+input layouts and the settings (:class:`PassSettings`). :func:`run_pass` drives a reduction over it.
+
+Layouts (``PassSettings.layout``; the forwards hold, over the tokens that exist):
+
+- ``padded``: micro-batches in arrival order, each LEFT-padded to its longest sequence (n x longest tokens);
+- ``sorted``: the same micro-batches over rows sorted by length, a row's sequences kept together (each
+  micro-batch pads to sequences of similar length);
+- ``packed``: a micro-batch is ONE row, its sequences concatenated with restarting position ids, logits
+  kept only at response positions (``keep`` is then an index tensor): the tokens that exist, ~1.0x.
+  The attention must keep the sequences apart: flash-attention's varlen path reads the boundaries from
+  the restarting ``position_ids`` (``packed_attention="varlen"``, no attention mask, what verl's
+  ``use_remove_padding`` forward relies on). SDPA and eager attend across the sequences under a 2D mask
+  of ones; given no mask, transformers 5.9 derives the blocks from the position ids too, but as a dense
+  [L, L] mask; ``"block_mask"`` passes that 4D block-diagonal causal mask explicitly (exact, quadratic
+  in the row: for CPU tests at small lengths). So ``auto`` packs only under flash-attention and sorts
+  otherwise.
+
+A token budget (verl's ``log_prob_max_token_len_per_gpu``) bounds a forward's tokens (padded ones included:
+n x longest, or the packed row's length); a sequence longer than the budget runs alone. Without one, a
+forward holds ``micro_batch_size`` sequences.
+
+Collective safety: every FSDP forward issues collectives, so every data-parallel rank must run the same
+number of forwards: the schedule is planned first and ``sync_forward_count(n_local) -> n_global`` is
+called BEFORE the first forward; a short rank then runs ``n_global - n_local`` one-token padding forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+# forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive | None, position_ids [b, L],
+#         keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
+ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[int, torch.Tensor]], torch.Tensor]
+
+LAYOUTS = ("padded", "sorted", "packed")
+PACKED_ATTENTIONS = ("varlen", "block_mask")
+#: attention implementations whose varlen path isolates packed sequences given restarting position ids
+VARLEN_ATTENTIONS = ("flash_attention_2", "flash_attention_3")
+
+
+def hf_forward(module) -> ForwardFn:
+    """A :data:`ForwardFn` over a Hugging Face causal LM (also an FSDP-wrapped one).
+
+    A 4D additive mask is cast to the module's floating dtype (what SDPA and eager add to the scores).
+    """
+
+    def fwd(input_ids, attention_mask, position_ids, keep):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+            attention_mask = attention_mask.to(dtype)
+        out = module(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=keep,
+        )
+        return out.logits
+
+    return fwd
+
+
+def sync_max_over_ranks(n: int) -> int:
+    """The largest ``n`` over the ranks of the default process group (``n`` itself outside one): the
+    forward-count agreement (module docstring). gloo reduces on CPU, NCCL on the current CUDA device."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """The settings of a no-grad pass, as the driver sends them and the worker reads them (one owner).
+
+    On the wire (non-tensor entries of the worker's batch) ``token_budget`` / ``chunk_size`` 0 mean none /
+    auto and ``pad_id`` is ``pad_token_id``; ``packed_attention`` is the worker's to choose (it knows the
+    model's attention), never sent.
+    """
+
+    temperature: float = 1.0
+    micro_batch_size: int = 8
+    token_budget: Optional[int] = None
+    chunk_size: Optional[int] = None
+    pad_id: int = 0
+    layout: str = "sorted"  # or "auto": the worker's choice (:func:`resolve_layout`), ``sorted`` where unresolved
+    packed_attention: str = "varlen"
+
+    WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout")
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if int(self.micro_batch_size) < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.token_budget is not None and int(self.token_budget) < 1:
+            raise ValueError(f"token_budget must be >= 1 (or None), got {self.token_budget}")
+        if self.chunk_size is not None and int(self.chunk_size) < 1:
+            raise ValueError(f"chunk_size must be >= 1 (or None), got {self.chunk_size}")
+        if self.layout not in (*LAYOUTS, "auto"):
+            raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {self.layout!r}")
+        if self.packed_attention not in PACKED_ATTENTIONS:
+            raise ValueError(f"packed_attention must be one of {PACKED_ATTENTIONS}, got {self.packed_attention!r}")
+
+    def to_wire(self) -> dict:
+        d = asdict(self)
+        d.pop("packed_attention")
+        d["pad_token_id"] = int(d.pop("pad_id"))
+        d["token_budget"] = int(self.token_budget or 0)
+        d["chunk_size"] = int(self.chunk_size or 0)
+        return d
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any], method: str, attn_implementation: Optional[str] = None) -> PassSettings:
+        """The settings of ``wire``; a clear error naming ``method`` when one is missing. ``layout`` "auto"
+        (or absent) is ``packed`` under a varlen attention and ``sorted`` otherwise; ``packed`` under any
+        other attention uses the exact block mask (:func:`resolve_layout`)."""
+        required = [k for k in cls.WIRE_KEYS if k != "layout"]
+        missing = [k for k in required if wire.get(k, None) is None]
+        if missing:
+            raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
+        layout, attention = resolve_layout(str(wire.get("layout", None) or "auto"), attn_implementation)
+        return cls(
+            temperature=float(wire["temperature"]),
+            micro_batch_size=int(wire["micro_batch_size"]),
+            token_budget=int(wire["token_budget"]) or None,
+            chunk_size=int(wire["chunk_size"]) or None,
+            pad_id=int(wire["pad_token_id"]),
+            layout=layout,
+            packed_attention=attention,
+        )
+
+
+def resolve_layout(layout: str, attn_implementation: Optional[str]) -> tuple[str, str]:
+    """(layout, packed_attention) for a requested layout (``auto`` or one of :data:`LAYOUTS`) and the
+    model's attention implementation (module docstring)."""
+    varlen = str(attn_implementation or "") in VARLEN_ATTENTIONS
+    if layout == "auto":
+        layout = "packed" if varlen else "sorted"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
+    return layout, "varlen" if varlen else "block_mask"
+
+
+@dataclass(frozen=True)
+class PassSequence:
+    """One forward sequence: prompt ``variant`` of row ``row`` followed by the row's response."""
+
+    row: int
+    variant: int  # index into the row's prompts (replay: 0 = P_all)
+    prompt_len: int
+    resp_len: int  # response positions that exist (attended), up to the last valid token
+    last_of_row: bool  # no later sequence of this row follows
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + self.resp_len
+
+
+def response_lengths(response_mask: torch.Tensor) -> torch.Tensor:
+    """[R] response positions that exist: the index of the last valid token + 1 (0 if none).
+
+    A non-contiguous mask (tool output inside a multi-turn response, rejected tokens) keeps its gaps
+    attended: they are tokens the model saw; where a pass measures is the mask's business.
+    """
+    m = (response_mask > 0).cpu()
+    if m.shape[-1] == 0:
+        return torch.zeros(m.shape[0], dtype=torch.long)
+    return (torch.arange(1, m.shape[-1] + 1) * m).amax(dim=-1)
+
+
+def row_sequences(row: int, variants: list[int], prompt_lens: list[int], resp_len: int) -> list[PassSequence]:
+    """The sequences of one row, in the given variant order (the last one marked ``last_of_row``)."""
+    n = len(variants)
+    return [PassSequence(row, v, int(p), int(resp_len), j == n - 1) for j, (v, p) in enumerate(zip(variants, prompt_lens))]
+
+
+def forward_tokens(mb: list[PassSequence], layout: str) -> int:
+    """Tokens a forward of ``mb`` holds: the packed row's length, or n x longest (padded micro-batch)."""
+    if layout == "packed":
+        return sum(s.length for s in mb)
+    return len(mb) * max(s.length for s in mb)
+
+
+def plan_forwards(seqs: list[PassSequence], settings: PassSettings) -> list[list[PassSequence]]:
+    """The forwards of a pass: the one packer (module docstring).
+
+    ``padded`` keeps the arrival order; ``sorted`` and ``packed`` first order rows by their longest
+    sequence, longest first, a row's sequences kept together and in their order (a reduction that needs a
+    row's reference before its variants, as the replay's P_all, gets it). Then consecutive sequences fill a
+    forward while :func:`forward_tokens` stays within the budget (or ``micro_batch_size`` sequences).
+    """
+    if settings.layout != "padded":
+        groups: dict[int, list[PassSequence]] = {}
+        for s in seqs:
+            groups.setdefault(s.row, []).append(s)
+        ordered = sorted(groups.values(), key=lambda g: -max(s.length for s in g))  # stable: ties keep row order
+        seqs = [s for g in ordered for s in g]
+    budget = settings.token_budget
+    batches: list[list[PassSequence]] = []
+    cur: list[PassSequence] = []
+    for s in seqs:
+        if cur:
+            full = forward_tokens(cur + [s], settings.layout) > budget if budget else len(cur) >= settings.micro_batch_size
+            if full:
+                batches.append(cur)
+                cur = []
+        cur.append(s)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def forward_inputs(mb: list[PassSequence], prompts: torch.Tensor, responses: torch.Tensor, settings: PassSettings):
+    """``(input_ids, attention_mask, position_ids, keep, starts)`` of one forward, on CPU.
+
+    ``prompts`` [R, NV, P] LEFT-padded prompt ids; ``responses`` [R, T]. ``starts[i]``: where sequence i's
+    response logits begin in the forward's kept logits, flattened over (batch, kept positions); each
+    sequence's ``resp_len`` rows follow (kept position j predicts response token t = j - start).
+    """
+    P = prompts.shape[-1]
+    pad = settings.pad_id
+    if settings.layout == "packed":
+        L = sum(s.length for s in mb)
+        ids = torch.full((1, L), pad, dtype=torch.long)
+        pos = torch.zeros((1, L), dtype=torch.long)
+        keep, starts, o, n_kept = [], [], 0, 0
+        seg = torch.empty(L, dtype=torch.long)
+        for i, s in enumerate(mb):
+            ids[0, o : o + s.prompt_len] = prompts[s.row, s.variant, P - s.prompt_len :]
+            ids[0, o + s.prompt_len : o + s.length] = responses[s.row, : s.resp_len]
+            pos[0, o : o + s.length] = torch.arange(s.length)
+            seg[o : o + s.length] = i
+            keep.append(torch.arange(o + s.prompt_len - 1, o + s.length - 1))
+            starts.append(n_kept)
+            n_kept += s.resp_len
+            o += s.length
+        attn = None
+        if settings.packed_attention == "block_mask":
+            allowed = (seg.unsqueeze(0) == seg.unsqueeze(1)) & torch.ones(L, L, dtype=torch.bool).tril()
+            attn = torch.zeros(1, 1, L, L).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        return ids, attn, pos, torch.cat(keep), starts
+    L = max(s.length for s in mb)
+    ids = torch.full((len(mb), L), pad, dtype=torch.long)
+    attn = torch.zeros((len(mb), L), dtype=torch.long)
+    for i, s in enumerate(mb):
+        ids[i, L - s.length : L - s.resp_len] = prompts[s.row, s.variant, P - s.prompt_len :]
+        ids[i, L - s.resp_len :] = responses[s.row, : s.resp_len]
+        attn[i, L - s.length :] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    keep = max(s.resp_len for s in mb) + 1  # every response ends at the last position
+    return ids, attn, pos, keep, [i * keep + keep - 1 - s.resp_len for i, s in enumerate(mb)]
+
+
+@dataclass
+class PassCounts:
+    """What a pass cost on this process: its own forwards, the agreed ones, the tokens the forwards held
+    (padding included, the agreement's padding forwards not) and the tokens that exist."""
+
+    n_forwards: int = 0
+    n_forwards_global: int = 0
+    tokens_forwarded: int = 0
+    tokens_existing: int = 0
+
+
+# consume(seqs: consecutive sequences of one row in one forward, logits [len(seqs), resp_len, V] (a view of
+#         the forward's logits), single: the forward holds only these sequences)
+Consume = Callable[[list[PassSequence], torch.Tensor, bool], None]
+
+
+def run_pass(
+    forward: ForwardFn,
+    prompts: torch.Tensor,
+    responses: torch.Tensor,
+    seqs: list[PassSequence],
+    settings: PassSettings,
+    consume: Consume,
+    *,
+    device: torch.device | str = "cpu",
+    sync_forward_count: Optional[Callable[[int], int]] = None,
+) -> PassCounts:
+    """Forward ``seqs`` as :func:`plan_forwards` plans them and hand each row's response logits to ``consume``.
+
+    The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
+    run after the last (module docstring).
+    """
+    batches = plan_forwards(seqs, settings)
+    counts = PassCounts(n_forwards=len(batches))
+    counts.n_forwards_global = int(sync_forward_count(counts.n_forwards)) if sync_forward_count is not None else counts.n_forwards
+    if counts.n_forwards_global < counts.n_forwards:
+        raise RuntimeError(f"forward-count agreement returned {counts.n_forwards_global} < this rank's {counts.n_forwards}")
+    for mb in batches:
+        ids, attn, pos, keep, starts = forward_inputs(mb, prompts, responses, settings)
+        counts.tokens_forwarded += ids.numel()
+        counts.tokens_existing += sum(s.length for s in mb)
+        keep = keep.to(device) if torch.is_tensor(keep) else keep
+        logits = forward(ids.to(device), attn.to(device) if attn is not None else None, pos.to(device), keep)
+        flat = logits.reshape(-1, logits.shape[-1])
+        i = 0
+        while i < len(mb):  # consecutive sequences of one row: one strided view of the kept logits
+            j = i
+            while j < len(mb) and mb[j].row == mb[i].row:
+                j += 1
+            n = mb[i].resp_len
+            stride = starts[i + 1] - starts[i] if j - i > 1 else n
+            view = flat.as_strided((j - i, n, flat.shape[-1]), (stride * flat.stride(0), flat.stride(0), flat.stride(1)),
+                                   flat.storage_offset() + starts[i] * flat.stride(0))
+            consume(mb[i:j], view, len(mb) == j - i)
+            del view
+            i = j
+        del logits, flat
+    if counts.n_forwards_global > counts.n_forwards:
+        dummy = torch.full((1, 1), settings.pad_id, dtype=torch.long, device=device)
+        one = torch.ones((1, 1), dtype=torch.long, device=device)
+        for _ in range(counts.n_forwards_global - counts.n_forwards):
+            forward(dummy, one, torch.zeros_like(one), 1)
+    return counts

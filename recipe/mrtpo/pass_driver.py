@@ -1,0 +1,83 @@
+"""The driver's side of every no-grad pass over the actor (the replay, the OPSD teacher): what they share.
+
+The settings the drivers send (:func:`pass_settings`, the core's :class:`PassSettings` on the wire), the
+one call into the worker group (:func:`dispatch_rows`), the assignment of rows to data-parallel ranks by
+their tokens (:func:`balanced_order`, verl's sequence-length balancing) and the per-rank cost the workers
+report (:func:`pass_metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+
+from recipe.mrtpo.config import MRTPOConfig
+from recipe.mrtpo.core.passes import PassSettings
+
+
+def pass_settings(cfg: MRTPOConfig, temperature: float, pad_id: int, token_budget: int = 0) -> PassSettings:
+    """The pass engine's settings of the replay and the teacher pass: ``mrtpo.replay_micro_batch_size``
+    sequences per forward (or verl's log-prob token budget), ``mrtpo.chunk_size``, the layout the worker
+    picks for its attention (``auto``)."""
+    return PassSettings(
+        temperature=float(temperature),
+        micro_batch_size=int(cfg.replay_micro_batch_size),
+        token_budget=int(token_budget) if token_budget else None,
+        chunk_size=int(cfg.chunk_size) if cfg.chunk_size else None,
+        pad_id=int(pad_id),
+        layout="auto",
+    )
+
+
+def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
+    """Per-rank cost of a pass from the workers' [R', 4] counts (each rank's rows carry its own: forwards,
+    agreed forwards, tokens forwarded, tokens existing; the rows are split over ranks in contiguous
+    chunks): the most and fewest forwards and tokens of a rank, the agreement's padding forwards, and the
+    forwarded over existing tokens."""
+    chunks = [c[0] for c in torch.as_tensor(counts).long().chunk(max(1, dp_size)) if c.shape[0]]
+    own = [int(c[0]) for c in chunks]
+    m = {
+        f"{prefix}_forwards_max": max(own),
+        f"{prefix}_forwards_min": min(own),
+        f"{prefix}_padding_forwards": sum(int(c[1]) - int(c[0]) for c in chunks),
+    }
+    if chunks[0].shape[0] >= 4:
+        tokens = [int(c[2]) for c in chunks]
+        m[f"{prefix}_tokens_max"] = max(tokens)
+        m[f"{prefix}_tokens_min"] = min(tokens)
+        m[f"{prefix}_tokens_over_existing"] = sum(tokens) / max(1, sum(int(c[3]) for c in chunks))
+    return m
+
+
+def token_budget(config) -> int:
+    """A pass's tokens per forward: verl's log-prob budget (``log_prob_max_token_len_per_gpu`` under
+    ``log_prob_use_dynamic_bsz``), else 0 (``mrtpo.replay_micro_batch_size`` sequences per forward)."""
+    rollout = config.actor_rollout_ref.rollout
+    return int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
+
+
+def dispatch_rows(method, inputs: dict, settings: dict) -> dict:
+    """Call a worker-group pass method (``compute_replay_relevance``, ``compute_opsd_teacher``) on the padded
+    rows ``inputs`` with the non-tensor ``settings``; the answer as a TensorDict (resolved if it is a future)."""
+    n = next(iter(inputs.values())).shape[0]
+    td = TensorDict(dict(inputs), batch_size=[n])
+    tu.assign_non_tensor(td, **settings)
+    out = method(td)
+    return out.get() if hasattr(out, "get") and not isinstance(out, TensorDict) else out
+
+
+def balanced_order(tokens: Sequence[int], dp_size: int) -> list[int]:
+    """A permutation of the rows (their count a multiple of ``dp_size``) whose contiguous chunks, one per
+    rank as the dispatch splits them, hold similar token counts: verl's ``get_seqlen_balanced_partitions``
+    (equal-size partitions, the one ``_balance_batch`` uses). ``order[j]`` is the row sent in position j."""
+    n = len(tokens)
+    if dp_size <= 1 or n == 0:
+        return list(range(n))
+    if n % dp_size:
+        raise ValueError(f"{n} rows do not split over {dp_size} ranks: pad them first")
+    parts = get_seqlen_balanced_partitions([int(t) for t in tokens], k_partitions=dp_size, equal_size=True)
+    return [j for part in parts for j in sorted(part)]

@@ -1,0 +1,58 @@
+"""The trainer's old_log_prob step fused with the replay, without Ray or vLLM (the advantage step's harness).
+
+On a replay step ``MRTPOTrainer._compute_old_log_prob`` plans and runs the replay, writes verl's
+``old_log_probs`` and ``entropy`` from the same forwards (as verl's own step writes them: nested responses),
+and the advantage step then uses that replay instead of dispatching another one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verl.utils.torch_functional import entropy_from_logits
+
+from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, render, tiny  # noqa: F401
+from recipe.mrtpo import verl_seam
+
+
+def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_step(monkeypatch, tiny):  # noqa: F811
+    tok, model = tiny
+    td, _, responses = make_batch(tok, model)
+    want = td["old_log_probs"]  # the harness's own forward of [rollout prompt | response] (fp32)
+    del td["old_log_probs"]
+    td["rollout_log_probs"] = want  # as if the rollout engine's log-probs were exact: verl's debug metrics then read ~0
+    fake = FakeTQ(td)
+    monkeypatch.setattr(verl_seam, "tq", fake)
+    trainer, calls = make_trainer(tok, model, 6, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")
+    trainer.actor_rollout_wg.compute_log_prob = lambda *_: pytest.fail("verl's compute_log_prob ran on a fused step")
+    meta = Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train")
+    metrics: dict = {}
+    assert trainer._fuses_old_log_prob()
+    trainer._compute_old_log_prob(meta, metrics)
+    assert set(fake.put) == {"old_log_probs", "entropy"} and calls == [4]
+    prompt = render(tok, MSGS)
+    for i, r in enumerate(responses):
+        assert torch.allclose(fake.put["old_log_probs"][i], want[i], atol=1e-5), i
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + r.tolist()])).logits[0, len(prompt) - 1 : -1].float()
+        assert torch.allclose(fake.put["entropy"][i], entropy_from_logits(logits), atol=1e-5), i
+    assert metrics["actor/entropy"] > 0
+    if trainer.config.actor_rollout_ref.rollout.calculate_log_probs:  # verl's rollout-vs-actor metrics, re-stated
+        assert metrics["training/rollout_probs_diff_max"] < 1e-5
+    # the advantage step reads them back and reuses the replay: no second dispatch
+    td["old_log_probs"], td["entropy"] = fake.put["old_log_probs"], fake.put["entropy"]
+    adv_metrics: dict = {}
+    trainer._compute_advantage(meta, adv_metrics)
+    assert calls == [4] and "advantages" in fake.put
+    assert adv_metrics["mrtpo/replay_fused_old_log_prob"] == 1 and adv_metrics["mrtpo/consistency/fused_rows"] == 4
+    assert adv_metrics["mrtpo/pairs_replayed"] == 6 and adv_metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3
+    assert max(LENS) == fake.put["advantages"].to_padded_tensor(0.0).shape[1]
+
+
+def test_no_fusion_where_the_advantage_step_does_not_replay(tiny):  # noqa: F811
+    tok, model = tiny
+    assert not make_trainer(tok, model, 1, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")[0]._fuses_old_log_prob()  # beta_0 = 0
+    assert not make_trainer(tok, model, 6, "mrtpo.replay=False")[0]._fuses_old_log_prob()
+    assert not make_trainer(tok, model, 6, "algorithm.adv_estimator=gdpo")[0]._fuses_old_log_prob()
+    bypass = "+algorithm.rollout_correction={bypass_mode:true}"
+    assert not make_trainer(tok, model, 6, bypass)[0]._fuses_old_log_prob()
