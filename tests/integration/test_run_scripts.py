@@ -445,27 +445,22 @@ def test_offline_text2sql_trains_on_chinook_with_a_batch_that_fits(tmp_path, fak
 
     n_train = pq.read_metadata(tmp_path / "data" / "chinook" / "train.parquet").num_rows
     assert pq.read_metadata(tmp_path / "data" / "chinook" / "test.parquet").num_rows > 0
-    res = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh")], cwd=tmp_path,
-                         env=_base_env(DRY_RUN="1", DATA_SET="offline"), capture_output=True, text=True,
-                         timeout=DRY_TIMEOUT_S)
+    res = _plain_dry_run("qwen7b_text2sql", tmp_path, DATA_SET="offline")
     assert res.returncode == 0, res.stderr[-4000:]
     cfg = yaml.safe_load(res.stdout)
     assert cfg["data"]["train_files"] == [str(REPO / "data/chinook/train.parquet")]
     assert cfg["data"]["val_files"] == [str(REPO / "data/chinook/test.parquet")]
     assert cfg["data"]["train_batch_size"] == 128 <= n_train < 512  # the launch's own 512 would not fit
-    mine = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh"), "data.train_batch_size=64"], cwd=tmp_path,
-                          env=_base_env(DRY_RUN="1", DATA_SET="offline"), capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
+    mine = _plain_dry_run("qwen7b_text2sql", tmp_path, ["data.train_batch_size=64"], DATA_SET="offline")
     assert mine.returncode == 0 and yaml.safe_load(mine.stdout)["data"]["train_batch_size"] == 64, mine.stderr[-3000:]
-    assert "spider" not in res.stderr.lower().split("--cfg job", 1)[0]  # nothing asks for Spider files
+    assert "spider" not in res.stderr.lower()  # nothing asks for Spider files
     # missing offline data: the error names the command that builds it
     missing, lines = _launch(tmp_path, fake_venv, script="qwen7b_text2sql", TRAIN_FILES=str(tmp_path / "nope.parquet"),
                              DATA_SET="offline")
     assert missing.returncode != 0 and lines is None and "nope.parquet" in missing.stderr
     assert "build them first: python -m data_prep.build_offline --out-dir data --only chinook" in missing.stderr
     # DATA_SET=public keeps the paper's Spider / BIRD files
-    public = subprocess.run(["bash", str(SCRIPTS / "qwen7b_text2sql.sh")], cwd=tmp_path,
-                            env=_base_env(DRY_RUN="1", DATA_SET="public"), capture_output=True, text=True,
-                            timeout=DRY_TIMEOUT_S)
+    public = _plain_dry_run("qwen7b_text2sql", tmp_path, DATA_SET="public")
     assert public.returncode == 0, public.stderr[-4000:]
     cfg = yaml.safe_load(public.stdout)
     assert cfg["data"]["train_files"] == [str(REPO / "data/spider/train.parquet")]
