@@ -93,7 +93,8 @@ def test_bench_plan_times_the_plan_with_and_without_the_render_cache(capsys):
         renders, distinct = int(r[5]), int(r[6])
         assert 0 < distinct < renders  # a group's samples share their renders
         assert 0 < int(r[7])  # distinct text pieces the piece encoder tokenized
-        _ratio(r[8].rstrip("s")), _ratio(r[9].rstrip("s")), _ratio(r[10].rstrip("s"))
+        for cell in r[8:11]:  # times printed with two decimals: a tiny batch's plan can print 0.00s
+            assert math.isfinite(float(cell.rstrip("s"))) and float(cell.rstrip("s")) >= 0, cell
     assert int(rows["if"][6]) <= 3 * 6  # prompt-placed Z: P_all + 5 variants per prompt, whatever n
     assert re.fullmatch(r"plan: 6 responses x 5 rewards: \d+\.\d\d s with CachedRender over pieces \(\d+\.\d\d s whole "
                         r"prompts, \d+\.\d\d s without CachedRender\); \d+\.\d\d s per 1,024", out[-1])
