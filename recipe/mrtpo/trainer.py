@@ -22,6 +22,7 @@ import logging
 import os
 import re
 from dataclasses import replace
+from typing import Optional
 
 import numpy as np
 import ray
@@ -165,7 +166,7 @@ class MRTPOTrainer(PPOTrainerSync):
         strength = self._strength()
         replay = None
         if method.replay is not None and strength > 0:
-            replay = self._replay(batch, ab, table)
+            replay = self._replay(batch, ab, table, fields)
             metrics.update(replay.metrics)
             metrics.update(replay.consistency_metrics(ab.response_mask, ab.data.batch.get("old_log_probs", None)))
         elif method.replay is not None:
@@ -241,7 +242,7 @@ class MRTPOTrainer(PPOTrainerSync):
         self._fused_replay = (list(batch.keys), result)
         return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
 
-    def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable) -> ReplayResult:
+    def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fields: Optional[dict] = None) -> ReplayResult:
         fused, self._fused_replay = getattr(self, "_fused_replay", None), None
         if fused is not None:
             keys, result = fused
@@ -249,13 +250,15 @@ class MRTPOTrainer(PPOTrainerSync):
             if keys == list(batch.keys) and tuple(result.relevance.shape) == (B, len(table.names), T):
                 return result
             logger.warning("mrtpo: the fused replay does not match the advantage step's batch; replaying again")
-            result = self._run_replay(batch, ab, table)
+            result = self._run_replay(batch, ab, table, fields=fields)
             result.metrics["mrtpo/fused_replay_mismatch"] = 1
             return result
-        return self._run_replay(batch, ab, table)
+        return self._run_replay(batch, ab, table, fields=fields)
 
-    def _run_replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fused: bool = False) -> ReplayResult:
-        meta = verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
+    def _run_replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fused: bool = False,
+                    fields: Optional[dict] = None) -> ReplayResult:
+        # the advantage step's own fetch already holds the prompts; the fused old_log_prob step fetches them here
+        meta = fields if fields is not None else verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
         # the planning renders each distinct prompt once, and tokenizes each distinct line-led piece of its
         # text once (the variants of a group share all but a sentence or a block; checked against whole renders)
