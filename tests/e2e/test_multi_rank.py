@@ -75,9 +75,14 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, t
         assert m["mrtpo/beta"] == pytest.approx(smoothstep_beta(s - 1, BETA, WARMUP), abs=1e-6)
         d = torch.load(dump_dir / f"step_{s:06d}.pt", weights_only=False)
         variance = group_has_variance(d["scores"], np.array(d["uid"], dtype=object))
-        assert m["mrtpo/pairs_replayed"] == int(variance.sum()) > 0, "nothing varied: the test data lost its variance"
+        assert m["mrtpo/pairs_replayed"] == int(variance.sum())
         assert torch.equal(d["replayed"], variance)
         rel = d["relevance"]
+        if not variance.any():
+            # the random model's samples differ with the CPU's arithmetic: a step whose 4 groups all agree on
+            # every reward replays nothing, and must say so (the checks after the loop need one replayed step)
+            assert (rel == 0).all() and m.get("mrtpo/replay_forwards_max", 0) == 0, m
+            continue
         assert ((rel >= 0) & (rel <= 1)).all() and (rel[~variance] == 0).all() and (rel.sum(-1)[variance] > 0).all()
         assert torch.isfinite(d["advantages"]).all() and (d["advantages"][~d["response_mask"].bool()] == 0).all()
         assert math.isfinite(m["mrtpo/adv_abs_mean"]) and m["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-4
@@ -93,4 +98,5 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, t
     print(f"\n[e2e 2 ranks] wall {res.wall_s:.0f}s, first step at {res.first_step_at_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB "
           f"(RSS {res.peak_rss_gib:.1f}), per-rank replay forwards and tokens (min, max, min, max) by step {uneven}, "
           f"step s {[round(res.steps[s].get('timing_s/step', float('nan'))) for s in sorted(res.steps)]}")
+    assert uneven, "nothing varied at steps 2-4: the test data lost its variance"
     assert all(lo > 0 for lo, *_ in uneven), f"a rank replayed nothing although rows were balanced by tokens: {uneven}"
