@@ -1,4 +1,4 @@
-"""Benchmark: chunked JS vs a naive all-at-once JS vs verl's log-prob extraction, side by side.
+"""Benchmark: the replay's JS kernel vs a naive all-at-once JS vs verl's log-prob extraction, side by side.
 
     python benchmarks/bench_relevance.py [--vocab 151936] [--lengths 128 512 2048] [--dtype bf16] [--compiled]
 
@@ -6,16 +6,18 @@ For each response length T (batch 1, Qwen2's vocabulary by default) and the same
 tensors, it times and measures the peak extra memory (RSS sampled every millisecond above the level
 before the call) of:
 
-- ``chunked_js``: :func:`recipe.mrtpo.core.relevance.js_distance_from_logits` (what the replay runs;
-  the relevance q of ``docs/design.md`` §1.2);
-- ``compiled_js`` (with ``--compiled``): the same with ``compiled=True`` (``mrtpo.compile_js``), timed
-  after one compiling call;
+- ``replay_js``: :func:`recipe.mrtpo.core.relevance.relevance_against_reference` with one variant, the
+  call the replay makes per row (``core.replay``): the relevance q of ``docs/design.md`` §1.2 and the
+  sampled ids' log-probs under P_all, chunked, eager;
+- ``compiled_js`` (with ``--compiled``): the same call as the replay makes it with ``mrtpo.compile_js``
+  (P_all's log-normaliser from :func:`~recipe.mrtpo.core.relevance.logsumexp_rows` once, then the
+  compiled kernel), timed after one compiling call;
 - ``naive_js``: the textbook JSD with every [T, V] temporary in fp32 at once (skipped above --naive-max);
 - ``verl_logprob``: ``verl.utils.torch_functional.logprobs_from_logits`` on one logits tensor, the
   log-softmax + gather verl already runs for old_log_probs (on CPU: its torch path);
 - ``verl_logprob_x2``: the same on both tensors (the replay has two forwards' logits).
 
-It prints the ratios chunked_js / verl_logprob and chunked_js / verl_logprob_x2 (and compiled_js /
+It prints the ratios replay_js / verl_logprob and replay_js / verl_logprob_x2 (and compiled_js /
 verl_logprob). Goals (README, "Performance"): JS time <= 3x the log-prob extraction; the JS's peak extra
 memory flat in T (one chunk). Run from the repository root with the recipe installed (``pip install -e .``).
 """
@@ -32,7 +34,7 @@ from typing import Optional
 import psutil
 import torch
 
-from recipe.mrtpo.core.relevance import default_chunk_size, js_distance_from_logits
+from recipe.mrtpo.core.relevance import default_chunk_size, logsumexp_rows, relevance_against_reference
 
 
 class PeakRSS:
@@ -91,10 +93,12 @@ def bench_length(T: int, V: int, dtype: torch.dtype, chunk: int, g: torch.Genera
     b = (a.float() + torch.randn(1, T, V, generator=g) * 0.5).to(dtype)
     mask = torch.ones(1, T)
     ids = torch.randint(0, V, (1, T), generator=g)
-    js = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk), args.repeats)
-    cjs = None
-    if args.compiled:
-        cjs = measure(lambda: js_distance_from_logits(a, b, mask, chunk_size=chunk, compiled=True), args.repeats)
+    def replay_js(compiled: bool):  # as core.replay calls it for a row with one variant
+        lse = logsumexp_rows(a[0], 1.0, chunk, compiled=True) if compiled else None
+        return relevance_against_reference(a[0], b, ids[0], mask[0], chunk_size=chunk, compiled=compiled, ref_lse=lse)
+
+    js = measure(lambda: replay_js(False), args.repeats)
+    cjs = measure(lambda: replay_js(True), args.repeats) if args.compiled else None
     naive = measure(lambda: naive_js(a, b), args.repeats) if T <= args.naive_max else None
     lp = measure(lambda: logprobs_from_logits(a.float(), ids), args.repeats)
     lp2 = measure(lambda: (logprobs_from_logits(a.float(), ids), logprobs_from_logits(b.float(), ids)), args.repeats)
@@ -125,7 +129,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     V = args.vocab
     chunk = args.chunk_size or default_chunk_size(V)
     print(f"V={V} dtype={args.dtype} chunk={chunk} positions threads={torch.get_num_threads()}")
-    header = f"{'T':>6} | {'chunked_js':>17} | {'naive_js':>17} | {'verl_logprob':>17} | {'logprob_x2':>17} | {'js/lp':>6} | {'js/lp_x2':>8}"
+    header = f"{'T':>6} | {'replay_js':>17} | {'naive_js':>17} | {'verl_logprob':>17} | {'logprob_x2':>17} | {'js/lp':>6} | {'js/lp_x2':>8}"
     if args.compiled:
         header += f" | {'compiled_js':>17} | {'cjs/lp':>6} | {'js/cjs':>6}"
     print(header)

@@ -166,20 +166,26 @@ def test_compiled_kernel_matches_eager_and_reference():
     mask[1, 6:] = 0
     b[0, 0] = a[0, 0]  # identical row -> 0
     b[0, 1] = -a[0, 1] * 50  # nearly disjoint row
+    ids0 = torch.zeros(9, dtype=torch.long)
+
+    def compiled_rows(x, y, chunk=None, **kw):  # the replay's kernel, one variant per batch row
+        return torch.stack([relevance_against_reference(x[i], y[i : i + 1], ids0, mask[i], chunk_size=chunk, compiled=True,
+                                                        **kw)[0][0] for i in range(x.shape[0])])
+
     for chunk in (None, 4, 5):
         eager = js_distance_from_logits(a, b, mask, chunk_size=chunk, measure="js_divergence")
-        comp = js_distance_from_logits(a, b, mask, chunk_size=chunk, measure="js_divergence", compiled=True)
+        comp = compiled_rows(a, b, chunk, measure="js_divergence")
         assert (comp - eager).abs().max() < 1e-6, chunk
     ref = jsd_reference(a, b)
     assert (comp.double() - ref * mask).abs().max() < 1e-5
     assert comp[0, 0] == 0 and comp[1, 6:].abs().max() == 0
-    q_e, lp_e = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], chunk_size=4)
-    q_c, lp_c = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], chunk_size=4, compiled=True)
+    q_e, lp_e = relevance_against_reference(a[0], b, ids0, mask[0], chunk_size=4)
+    q_c, lp_c = relevance_against_reference(a[0], b, ids0, mask[0], chunk_size=4, compiled=True)
     assert (q_c - q_e).abs().max() < 1e-5 and (lp_c - lp_e).abs().max() < 1e-5 and q_c[0, 0] == 0
     # hostile rows (NaN / +inf / -inf logits) come out as the eager path repairs them, at temperature != 1
     a[0, 2, 5], b[0, 3, 7], b[0, 4, :50] = float("nan"), float("inf"), -float("inf")
     eager = js_distance_from_logits(a, b, mask, temperature=0.7)
-    comp = js_distance_from_logits(a, b, mask, temperature=0.7, compiled=True)
+    comp = compiled_rows(a, b, temperature=0.7)
     assert torch.isfinite(comp).all() and (comp - eager).abs().max() < 1e-4
     q_e, _ = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], temperature=0.7)
     q_c, _ = relevance_against_reference(a[0], b, torch.zeros(9, dtype=torch.long), mask[0], temperature=0.7, compiled=True)

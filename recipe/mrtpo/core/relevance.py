@@ -96,25 +96,13 @@ def _jsd_rows_functional(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
     return (0.5 * ((p + q) * t - lo * a).sum(dim=-1)).clamp(0.0, LN2)
 
 
-def _jsd_from_logits_functional(lp: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
-    """:func:`_jsd_rows_functional` of ``lp`` and the log-softmax of raw logits ``xq`` (floored as in
-    :func:`_log_softmax_fp32`): what ``torch.compile`` fuses with the JSD, so the [N, V] fp32 log-softmax of
-    the variant is never written out. Rows with NaN / +inf logits come out NaN (repaired by the caller)."""
-    lq = torch.log_softmax(xq.float() / temperature, dim=-1).clamp(min=_LOGP_FLOOR)
-    return _jsd_rows_functional(lp, lq)
-
-
-def _jsd_both_from_logits_functional(xp: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Both log-softmaxes and the JSD from raw logits, for ``torch.compile`` (see above)."""
-    lp = torch.log_softmax(xp.float() / temperature, dim=-1).clamp(min=_LOGP_FLOOR)
-    return _jsd_from_logits_functional(lp, xq, temperature)
-
-
 def _jsd_lse_from_logits_functional(xp: torch.Tensor, lse_p: torch.Tensor, xq: torch.Tensor, lse_q: torch.Tensor,
                                     temperature: float) -> torch.Tensor:
     """The JSD from raw logits and their log-normalisers [N] (:func:`logsumexp_rows`; P_all's computed
     once per position and shared by its variants), for ``torch.compile``: each log-softmax is
-    ``x / temperature - lse``, computed alike for both sides, so identical rows give exactly 0."""
+    ``x / temperature - lse``, computed alike for both sides, so identical rows give exactly 0; the
+    [N, V] fp32 log-softmaxes are never written out. Rows with NaN / +inf logits come out NaN (repaired
+    by the caller)."""
     lp = (xp.float() / temperature - lse_p.unsqueeze(-1)).clamp(min=_LOGP_FLOOR)
     lq = (xq.float() / temperature - lse_q.unsqueeze(-1)).clamp(min=_LOGP_FLOOR)
     return _jsd_rows_functional(lp, lq)
@@ -126,8 +114,7 @@ def _logsumexp_functional(x: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 _COMPILED: dict[str, object] = {}
-_FUNCTIONAL = {"both": _jsd_both_from_logits_functional, "lse": _jsd_lse_from_logits_functional,
-               "logsumexp": _logsumexp_functional}
+_FUNCTIONAL = {"lse": _jsd_lse_from_logits_functional, "logsumexp": _logsumexp_functional}
 
 
 def _compiled(name: str):
@@ -139,15 +126,10 @@ def _compiled(name: str):
     return fn
 
 
-def _fused_jsd(kind: str, a: torch.Tensor, xq: torch.Tensor, temperature: float,
-               lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The compiled fused kernel (``kind`` "both": ``a`` is raw logits; "lse": raw logits and their
-    log-normaliser ``lse``); rows it returns as NaN (NaN / +inf logits: hostile input) are recomputed by
-    the eager path, which repairs them."""
-    if kind == "lse":
-        out = _compiled(kind)(a, lse, xq, logsumexp_rows(xq, temperature, compiled=True), temperature)
-    else:
-        out = _compiled(kind)(a, xq, temperature)
+def _fused_jsd(a: torch.Tensor, lse: torch.Tensor, xq: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The compiled fused JSD of raw logits ``a`` (log-normaliser ``lse``) and ``xq``; rows it returns as
+    NaN (NaN / +inf logits: hostile input) are recomputed by the eager path, which repairs them."""
+    out = _compiled("lse")(a, lse, xq, logsumexp_rows(xq, temperature, compiled=True), temperature)
     bad = torch.isnan(out)
     if bool(bad.any()):
         rows = bad.nonzero(as_tuple=False).squeeze(-1)
@@ -202,9 +184,12 @@ def js_distance_from_logits(
     temperature: float = 1.0,
     measure: str = "js_distance",
     chunk_size: Optional[int] = None,
-    compiled: bool = False,
 ) -> torch.Tensor:
     """Jensen-Shannon between the next-token distributions of two replays, per position.
+
+    The measure on its own (eager), the reference the tests and ``benchmarks/bench_noise_floor.py`` use;
+    the replay runs :func:`relevance_against_reference`, which shares P_all's log-softmax among its
+    variants (and fuses it with ``compiled=True``).
 
     Args:
         logits_p: [B, T, V] logits under P_all (fp32 or bf16/fp16; computed in fp32).
@@ -214,8 +199,6 @@ def js_distance_from_logits(
         measure: ``"js_distance"`` = sqrt(JSD / ln 2) in [0, 1], or ``"js_divergence"`` = JSD in nats.
         chunk_size: at most this many valid positions are expanded to fp32 [chunk, V] at a time
             (default: about 64 MiB per expanded tensor).
-        compiled: use the ``torch.compile``d kernel that fuses both log-softmaxes with the JSD (one pass
-            over [chunk, V]; ``mrtpo.compile_js``); same values up to fp32 rounding.
 
     Returns:
         [B, T] fp32, 0 where ``mask`` is 0.
@@ -231,9 +214,6 @@ def js_distance_from_logits(
     flat_p = logits_p.reshape(B * T, V)
     flat_q = logits_q.reshape(B * T, V)
     for rows, contiguous in _chunks(mask, logits_p.shape[:2], chunk_size, V):
-        if compiled:
-            out[rows] = _fused_jsd("both", _rows(flat_p, rows, contiguous), _rows(flat_q, rows, contiguous), temperature)
-            continue
         lp = _log_softmax_fp32(_rows(flat_p, rows, contiguous), temperature)
         lq = _log_softmax_fp32(_rows(flat_q, rows, contiguous), temperature)
         out[rows] = _jsd_rows(lp, lq)
@@ -288,7 +268,7 @@ def relevance_against_reference(
             ref = _rows(logits_ref, rows, contiguous)
             lse = ref_lse.index_select(0, rows) if ref_lse is not None else logsumexp_rows(ref, temperature, compiled=True)
             for j in range(J):
-                q[j, rows] = _fused_jsd("lse", ref, _rows(logits_variants[j], rows, contiguous), temperature, lse=lse)
+                q[j, rows] = _fused_jsd(ref, lse, _rows(logits_variants[j], rows, contiguous), temperature)
             if need_logp:
                 logp[rows] = picked_logprobs(ref, ids.index_select(0, rows), temperature, lse)
             continue
