@@ -39,7 +39,7 @@ def test_bench_relevance_prints_a_row_of_ratios_per_length(capsys):
     assert [int(r[0]) for r in rows] == [8, 32]
     for r in rows:
         assert len(r) == len(_cells(out[header]))
-        for cell in r[-2:]:  # replay_js / verl_logprob, chunked_js / verl_logprob_x2
+        for cell in r[-2:]:  # replay_js / verl_logprob, replay_js / verl_logprob_x2
             _ratio(cell)
     assert "skipped" not in rows[0][2] and rows[1][2] == "skipped"  # naive JS only up to --naive-max
     assert out[0].startswith("V=1000 ") and out[-1].startswith("(time: best of")
