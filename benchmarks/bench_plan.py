@@ -12,9 +12,10 @@ Qwen2 tokenizer and chat template, ``--prompts`` x ``--n`` responses (a group of
 - ``mixed``: a text-to-SQL-like prompt with a schema: 3 ``prompt``-placed Z (format + two rules) and 2
   ``appended`` ones (the sample's own execution message, the group's gold SQL).
 
-Each row is timed with the plain renderer, with ``prompt_variants.CachedRender`` (one render per distinct
+Each row is timed with the plain renderer, with ``render_cache.CachedRender`` (one render per distinct
 message list) and with ``CachedRender`` over the template's text and a ``PieceEncoder`` (what the trainer's
-replay passes: each distinct line-led piece of text tokenized once; the plans are checked id for id), and
+replay passes: the batch's distinct prompts rendered, their distinct line-led pieces tokenized in one
+batched call; the plans are checked id for id), and
 the last line is ``plan: <B> responses x 5 rewards: <s> s with CachedRender over pieces (...); <s> s per
 1,024`` for the slower mix.
 """
@@ -102,10 +103,10 @@ def qwen2_render(tok_dir: str):
     def render_text(messages):
         return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def encode(text):
-        return tok(text, add_special_tokens=False)["input_ids"]
+    def encode_batch(texts):
+        return tok(texts, add_special_tokens=False)["input_ids"]
 
-    render.text, render.encode = render_text, encode
+    render.text, render.encode_batch = render_text, encode_batch
     return render
 
 
@@ -120,7 +121,7 @@ def plan_once(batch, render):
 
 def bench_scenario(name: str, render, args) -> tuple[float, float, float]:
     """One row: the plan's time without CachedRender, with it, and with it over pieces (best of ``--repeats``)."""
-    from recipe.mrtpo.core.prompt_variants import CachedRender
+    from recipe.mrtpo.core.render_cache import CachedRender
 
     batch = make_batch(name, args.prompts, args.n)
     plain = cached = pieces = float("inf")
@@ -132,7 +133,7 @@ def bench_scenario(name: str, render, args) -> tuple[float, float, float]:
         t, cached_plan = plan_once(batch, cache)
         cached = min(cached, t)
         calls, hits = cache.calls, cache.hits
-        piece = CachedRender(render_text=render.text, encode=render.encode)  # what the trainer's replay passes
+        piece = CachedRender(render_text=render.text, encode_batch=render.encode_batch)  # what the trainer's replay passes
         t, piece_plan = plan_once(batch, piece)
         pieces = min(pieces, t)
         enc = piece.encoder

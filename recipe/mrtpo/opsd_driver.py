@@ -24,7 +24,8 @@ from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
 from recipe.mrtpo.core.opsd import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.core.passes import PassSettings
-from recipe.mrtpo.core.prompt_variants import CachedRender, build_sample_variants
+from recipe.mrtpo.core.prompt_variants import build_sample_variants
+from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 

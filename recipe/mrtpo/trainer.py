@@ -34,7 +34,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
-from recipe.mrtpo.core.prompt_variants import CachedRender
+from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
@@ -260,13 +260,14 @@ class MRTPOTrainer(PPOTrainerSync):
         # the advantage step's own fetch already holds the prompts; the fused old_log_prob step fetches them here
         meta = fields if fields is not None else verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
-        # the planning renders each distinct prompt once, and tokenizes each distinct line-led piece of its
-        # text once (the variants of a group share all but a sentence or a block; checked against whole renders)
+        # the planning renders each distinct prompt once and tokenizes the batch's distinct line-led pieces of
+        # text in one call (the variants of a group share all but a sentence or a block; checked against whole
+        # renders)
         kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
         tok = self.tokenizer
         render = CachedRender(
             render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
-            encode=lambda text: tok(text, add_special_tokens=False)["input_ids"],
+            encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"],
         )
         result = run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,

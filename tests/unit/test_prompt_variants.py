@@ -4,7 +4,6 @@ import pytest
 
 from recipe.mrtpo.core.prompt_variants import (
     BLOCK_OPEN,
-    CachedRender,
     append_to_last_user,
     build_sample_variants,
     count_occurrences,
@@ -13,6 +12,7 @@ from recipe.mrtpo.core.prompt_variants import (
     rollout_prompt_variant,
     verifier_block,
 )
+from recipe.mrtpo.core.render_cache import PIECE_BOUNDARY, CachedRender, PieceEncoder, split_pieces
 
 MSGS = [
     {"role": "system", "content": "You are helpful."},
@@ -204,20 +204,19 @@ def test_piece_encoder_equals_whole_prompts_on_the_qwen2_template_and_falls_back
     """The trainer's replay tokenizes each distinct line-led piece once: ids equal the whole render's."""
     from transformers import AutoTokenizer
 
-    from recipe.mrtpo.core.prompt_variants import CachedRender, PieceEncoder
     from recipe.mrtpo.cpu.tiny_model import build_qwen2_tokenizer
 
     tok = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(tmp_path / "tok"))
     whole = lambda m: list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))  # noqa: E731
     text = lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False)  # noqa: E731
-    encode = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    encode = lambda texts: tok(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
     schema = "CREATE TABLE t (\n  id INTEGER,\n  name TEXT\n);\n\n\nCREATE TABLE u (\n \n  x REAL\n);"
     ctx = {"fmt": {"text": "Answer in one ```sql block.", "placement": "prompt"},
            "gold": {"text": "SELECT name FROM t\nWHERE id = 1", "placement": "appended"},
            "err": {"text": "error: no such column: z\n  at line 2", "placement": "appended"}}
     msgs = [{"role": "system", "content": "Be exact.\n\n  Indented line.\n\tTab."},
             {"role": "user", "content": f"Schema:\n\n{schema}\n\nQuestion: names? Answer in one ```sql block.\n\nThanks 日本語 😀."}]
-    cached = CachedRender(render_text=text, encode=encode)
+    cached = CachedRender(render_text=text, encode_batch=encode)
     plain = build_sample_variants(msgs, ctx, sorted(ctx), whole)
     pieces = build_sample_variants(msgs, ctx, sorted(ctx), cached)
     assert pieces.variants == plain.variants and len(plain.variants) == 4
@@ -225,7 +224,63 @@ def test_piece_encoder_equals_whole_prompts_on_the_qwen2_template_and_falls_back
     assert enc.mismatches == 0 and not enc.whole and enc.piece_hits > 0  # shared pieces tokenized once
     # a tokenizer that would merge across the boundary is caught at the first check, counted, and avoided
     joined = {"a\n": [1], "b": [2], "a\nb": [3]}
-    bad = PieceEncoder(lambda t: joined.get(t, [9]), verify_every=10)
+    bad = PieceEncoder(lambda texts: [joined.get(t, [9]) for t in texts], verify_every=10)
     assert bad("a\nb") == [3] and bad.mismatches == 1 and bad.whole and bad("a\nb") == [3]
-    with pytest.raises(ValueError, match="render_text and encode"):
+    with pytest.raises(ValueError, match="render_text and encode_batch"):
         CachedRender(render_text=text)
+
+
+@pytest.mark.parametrize("text", ["", "a", "\n", "a\n", "\nb", "a\nb", "a\n\n\nb\n", "a\n  b\n\tc\nd", " \n \n x",
+                                  "日本\n語😀\n\n", "x\r\ny", "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"])
+def test_split_pieces_is_the_boundary_split(text):
+    assert split_pieces(text) == PIECE_BOUNDARY.split(text)
+    assert "".join(split_pieces(text)) == text
+
+
+def test_piece_encoder_batches_the_unseen_pieces_of_a_call_and_checks_whole_texts():
+    calls = []
+
+    def encode_batch(texts):  # a character-level "tokenizer": pieces concatenate exactly
+        calls.append(list(texts))
+        return [[ord(c) for c in t] for t in texts]
+
+    enc = PieceEncoder(encode_batch, verify_every=2)
+    texts = ["sys\nschema\nq1", "sys\nschema\nq2", "sys\nschema\nq1", "other"]
+    out = enc.encode_many(texts)
+    assert out == [[ord(c) for c in t] for t in texts]
+    # one call for the distinct unseen pieces, one for the whole texts checked (the 1st and 3rd)
+    assert calls == [["sys\n", "schema\n", "q1", "q2", "other"], ["sys\nschema\nq1", "sys\nschema\nq1"]]
+    assert enc.batches == 2 and enc.pieces == 10 and enc.piece_hits == 5 and enc.mismatches == 0
+    # its pieces all seen: no tokenizer call for pieces, only the whole-text check of the 5th text
+    assert enc("sys\nq2") == [ord(c) for c in "sys\nq2"] and calls[2:] == [["sys\nq2"]] and enc.piece_hits == 7
+    # a mismatch in a batch: every text of that batch comes back whole, and later calls stay whole
+    joined = {"a\n": [1], "b": [2], "a\nb": [3], "c": [4]}
+    bad = PieceEncoder(lambda ts: [joined.get(t, [9]) for t in ts], verify_every=1)
+    assert bad.encode_many(["a\nb", "c"]) == [[3], [4]] and bad.whole and bad.mismatches == 1
+    assert bad.encode_many(["a\nb"]) == [[3]]
+    with pytest.raises(ValueError, match="2 results for 1 texts"):
+        PieceEncoder(lambda ts: [[1], [2]]).encode_many(["x"])
+
+
+def test_cached_render_prepare_encodes_a_batch_at_once_and_keys_by_the_whole_messages():
+    texts_encoded = []
+
+    def encode_batch(texts):
+        texts_encoded.append(len(texts))
+        return [[ord(c) for c in t] for t in texts]
+
+    def text(m):
+        return "".join(f"<{x['role']}>{x['content']}{x.get('name', '')}\n" for x in m)
+
+    cached = CachedRender(render_text=text, encode_batch=encode_batch)
+    a = [{"role": "user", "content": "a"}]
+    named = [{"role": "user", "content": "a", "name": "n"}]  # an extra key: another prompt, not a hit
+    cached.prepare([a, a, named])
+    assert cached.encoder.batches == 2 and cached.calls == 0  # the pieces, then the first text checked whole
+    assert cached(a) == [ord(c) for c in text(a)] and cached(named) == [ord(c) for c in text(named)]
+    assert cached.hits == 2 and cached.encoder.batches == 2  # nothing left to tokenize
+    cached.prepare([a])
+    assert cached.encoder.batches == 2
+    plain = CachedRender(render=lambda m: [len(m)])
+    plain.prepare([a])  # a whole-prompt renderer has nothing to batch: it renders on demand
+    assert plain.calls == 0 and plain(a) == [1] and plain.hits == 0

@@ -21,23 +21,16 @@ prompts (e.g. two rewards with the same context) are replayed once.
 
 :func:`rollout_prompt_variant` says which variant of a sample is its rollout prompt (P_all for
 prompt-placed Z; for appended Z, the P_minus_k whose block is empty), the rows where the replay's log-probs
-must equal verl's ``old_log_probs``. :class:`CachedRender` renders each distinct message list once (the
-samples of a group share their prompt, and most of their variants); given the template's text and the
-tokenizer apart, it also tokenizes each distinct line-led piece of the rendered text once
-(:class:`PieceEncoder`): the variants of a group differ in a sentence or an appended block, and share the
-rest (a schema, tool documentation) that would otherwise be tokenized again for every variant.
+must equal verl's ``old_log_probs``. A sample's variants are built as messages first
+(:func:`variant_messages`) and rendered after (:func:`render_variants`), so that a batch's planner can hand
+all of them to :class:`recipe.mrtpo.core.render_cache.CachedRender` at once.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
-
-logger = logging.getLogger(__name__)
 
 BLOCK_OPEN = "<verifier_information>"
 BLOCK_CLOSE = "</verifier_information>"
@@ -157,49 +150,42 @@ class SampleVariants:
     repeated: dict[str, int] = field(default_factory=dict)  # reward -> occurrences of its Z when more than one (all removed)
 
 
-def build_sample_variants(
+@dataclass
+class VariantMessages:
+    """The messages of one sample's replay, before rendering: P_all, and per group of removed rewards its
+    P_minus messages (None with the reason it cannot be built). ``fallbacks`` / ``repeated`` as in
+    :class:`SampleVariants`."""
+
+    p_all: Optional[list[dict]] = None
+    minus: list[tuple[list[str], Optional[list[dict]], Optional[str]]] = field(default_factory=list)
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    repeated: dict[str, int] = field(default_factory=dict)
+
+    def all_messages(self) -> list[list[dict]]:
+        """Every message list the replay renders for this sample (for :meth:`CachedRender.prepare`)."""
+        return ([self.p_all] if self.p_all is not None else []) + [m for _, m, _ in self.minus if m is not None]
+
+
+def variant_messages(
     messages: Optional[Sequence[dict]],
     contexts: dict[str, dict],
     replay_rewards: Sequence[str],
-    render: Callable[[list[dict]], list[int]],
-    max_prompt_length: Optional[int] = None,
     joint: bool = False,
-) -> SampleVariants:
-    """Plan the replay of one sample.
-
-    Args:
-        messages: the sample's chat messages (the dataset's ``prompt``), or None.
-        contexts: reward -> {"text": Z_k, "placement": "prompt"|"appended"} from the reward manager.
-        replay_rewards: rewards to replay (those whose group has variance); others are ignored.
-        render: messages -> prompt token ids (the chat template with the generation prompt).
-        max_prompt_length: a variant longer than this falls back (``too_long``).
-        joint: CoRT-style: one variant with every Z removed, shared by all replayed rewards.
-    """
-    plan = SampleVariants()
+) -> VariantMessages:
+    """The message lists of one sample's replay (arguments as :func:`build_sample_variants`)."""
+    out = VariantMessages()
     wanted = [k for k in replay_rewards if k in contexts]
     for k in replay_rewards:
         if k not in contexts:
-            plan.fallbacks[k] = "empty_context"
+            out.fallbacks[k] = "empty_context"
     if not wanted:
-        return plan
+        return out
     if not messages:
-        plan.fallbacks.update({k: "no_messages" for k in wanted})
-        return plan
+        out.fallbacks.update({k: "no_messages" for k in wanted})
+        return out
     names = sorted(contexts)
     appended_all = [(n, contexts[n]["text"]) for n in names if contexts[n].get("placement") == "appended" and contexts[n].get("text")]
-
-    def render_ok(msgs: list[dict]) -> Optional[list[int]]:
-        ids = list(render(msgs))
-        if max_prompt_length is not None and len(ids) > max_prompt_length:
-            return None
-        return ids
-
-    p_all = render_ok(append_to_last_user(messages, verifier_block(appended_all)))
-    if p_all is None:
-        plan.fallbacks.update({k: "too_long" for k in wanted})
-        return plan
-    plan.variants.append(p_all)
-    index = {tuple(p_all): 0}
+    out.p_all = append_to_last_user(messages, verifier_block(appended_all))
 
     def minus(removed: Sequence[str]) -> tuple[Optional[list[dict]], Optional[str]]:
         msgs = list(messages)
@@ -211,7 +197,7 @@ def build_sample_variants(
             if ctx.get("placement") == "prompt":
                 n = count_occurrences(msgs, text)
                 if n > 1:
-                    plan.repeated[k] = n
+                    out.repeated[k] = n
                 msgs = remove_from_messages(msgs, text)
                 if msgs is None:
                     return None, "not_found"
@@ -220,7 +206,35 @@ def build_sample_variants(
 
     groups = [(tuple(names), wanted)] if joint else [((k,), [k]) for k in wanted]
     for removed, rewards in groups:
-        msgs, reason = minus(removed)
+        out.minus.append((rewards, *minus(removed)))
+    return out
+
+
+def render_variants(
+    vm: VariantMessages,
+    render: Callable[[list[dict]], list[int]],
+    max_prompt_length: Optional[int] = None,
+) -> SampleVariants:
+    """Render a sample's variant messages to token ids, deduplicated (arguments as :func:`build_sample_variants`)."""
+    plan = SampleVariants(fallbacks=dict(vm.fallbacks), repeated=dict(vm.repeated))
+    if vm.p_all is None:
+        return plan
+    wanted = [k for rewards, _, _ in vm.minus for k in rewards]
+
+    def render_ok(msgs: list[dict]) -> Optional[list[int]]:
+        ids = list(render(msgs))
+        if max_prompt_length is not None and len(ids) > max_prompt_length:
+            return None
+        return ids
+
+    p_all = render_ok(vm.p_all)
+    if p_all is None:  # nothing of the sample is replayed: its repeated contexts are not counted either
+        plan.fallbacks.update({k: "too_long" for k in wanted})
+        plan.repeated = {}
+        return plan
+    plan.variants.append(p_all)
+    index = {tuple(p_all): 0}
+    for rewards, msgs, reason in vm.minus:
         ids = render_ok(msgs) if msgs is not None else None
         if msgs is not None and ids is None:
             reason = "too_long"
@@ -239,6 +253,27 @@ def build_sample_variants(
     return plan
 
 
+def build_sample_variants(
+    messages: Optional[Sequence[dict]],
+    contexts: dict[str, dict],
+    replay_rewards: Sequence[str],
+    render: Callable[[list[dict]], list[int]],
+    max_prompt_length: Optional[int] = None,
+    joint: bool = False,
+) -> SampleVariants:
+    """Plan the replay of one sample: :func:`variant_messages`, then :func:`render_variants`.
+
+    Args:
+        messages: the sample's chat messages (the dataset's ``prompt``), or None.
+        contexts: reward -> {"text": Z_k, "placement": "prompt"|"appended"} from the reward manager.
+        replay_rewards: rewards to replay (those whose group has variance); others are ignored.
+        render: messages -> prompt token ids (the chat template with the generation prompt).
+        max_prompt_length: a variant longer than this falls back (``too_long``).
+        joint: CoRT-style: one variant with every Z removed, shared by all replayed rewards.
+    """
+    return render_variants(variant_messages(messages, contexts, replay_rewards, joint), render, max_prompt_length)
+
+
 def rollout_prompt_variant(variants: Sequence[Sequence[int]], rollout_prompt: Sequence[int]) -> int:
     """Index of the variant whose token ids are exactly the rollout prompt, or -1 if none is.
 
@@ -252,82 +287,3 @@ def rollout_prompt_variant(variants: Sequence[Sequence[int]], rollout_prompt: Se
         if len(v) == len(target) and list(v) == target:
             return j
     return -1
-
-
-#: where a rendered prompt may be cut into pieces tokenized apart: after a run of newlines, before a
-#: non-space character. Byte-level BPE pre-tokenizers (GPT-2's, Qwen2's) never join a newline run with
-#: what follows a non-space character, so the ids of the pieces concatenate to the ids of the whole.
-PIECE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")
-
-
-class PieceEncoder:
-    """``encode`` (text -> ids) over the text's pieces (:data:`PIECE_BOUNDARY`), each distinct piece once.
-
-    The result must equal ``encode(text)``; that holds for the byte-level BPE tokenizers of the run
-    scripts, and is checked: the first text and every ``verify_every``-th after it are also encoded whole,
-    and a mismatch (a tokenizer that merges across the boundary) switches this encoder to whole-text
-    encoding for good, counted in ``mismatches`` and logged. ``pieces`` / ``piece_hits`` count.
-    """
-
-    def __init__(self, encode: Callable[[str], Sequence[int]], verify_every: int = 64):
-        self._encode = encode
-        self._cache: dict[str, tuple[int, ...]] = {}
-        self.verify_every = max(1, int(verify_every))
-        self.texts = self.pieces = self.piece_hits = self.mismatches = 0
-        self.whole = False
-
-    def __call__(self, text: str) -> list[int]:
-        self.texts += 1
-        if self.whole:
-            return list(self._encode(text))
-        ids: list[int] = []
-        for piece in PIECE_BOUNDARY.split(text):
-            self.pieces += 1
-            got = self._cache.get(piece)
-            if got is None:
-                got = self._cache[piece] = tuple(self._encode(piece))
-            else:
-                self.piece_hits += 1
-            ids.extend(got)
-        if (self.texts - 1) % self.verify_every == 0:
-            full = list(self._encode(text))
-            if full != ids:
-                self.mismatches += 1
-                self.whole = True
-                logger.warning("PieceEncoder: pieces tokenized apart differ from the whole text; encoding whole texts from now on")
-                return full
-        return ids
-
-
-class CachedRender:
-    """``render`` (messages -> prompt ids) with one call per distinct message list.
-
-    The n samples of a group carry the same prompt, and their P_all / P_minus_k variants repeat whenever
-    their contexts do (prompt-placed Z always do), so a batch's planning renders each distinct prompt once.
-    Keyed by the messages' JSON; holds the ids of one batch (make one per batch). ``calls`` / ``hits`` count.
-
-    With ``render_text`` (messages -> the chat template's text) and ``encode`` (text -> ids, no special
-    tokens added: what ``apply_chat_template(tokenize=True)`` does after rendering), a distinct prompt is
-    rendered to text and encoded by a :class:`PieceEncoder` (``self.encoder``) instead of ``render``.
-    """
-
-    def __init__(self, render: Optional[Callable[[list[dict]], Sequence[int]]] = None,
-                 render_text: Optional[Callable[[list[dict]], str]] = None,
-                 encode: Optional[Callable[[str], Sequence[int]]] = None):
-        if (render_text is None) != (encode is None) or (render is None and render_text is None):
-            raise ValueError("CachedRender needs render, or render_text and encode")
-        self.encoder = PieceEncoder(encode) if encode is not None else None
-        self._render = (lambda m: self.encoder(render_text(m))) if self.encoder is not None else render
-        self._cache: dict[str, tuple[int, ...]] = {}
-        self.calls = 0
-        self.hits = 0
-
-    def __call__(self, messages: list[dict]) -> list[int]:
-        self.calls += 1
-        key = json.dumps(messages, sort_keys=True, ensure_ascii=False, default=str)
-        ids = self._cache.get(key)
-        if ids is None:
-            ids = self._cache[key] = tuple(self._render(messages))
-        else:
-            self.hits += 1
-        return list(ids)

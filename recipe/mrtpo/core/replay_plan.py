@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from recipe.mrtpo.core.advantage import group_has_variance
-from recipe.mrtpo.core.prompt_variants import build_sample_variants, rollout_prompt_variant
+from recipe.mrtpo.core.prompt_variants import render_variants, rollout_prompt_variant, variant_messages
 
 
 @dataclass
@@ -67,7 +67,9 @@ def build_replay_plan(
         contexts: per sample {reward: {"text", "placement"}}.
         messages: per sample chat messages (the dataset's prompt) or None.
         responses, response_mask: [B, T] sampled ids and mask.
-        render: messages -> prompt ids (chat template with generation prompt).
+        render: messages -> prompt ids (chat template with generation prompt). One with a ``prepare``
+            method (:class:`~recipe.mrtpo.core.render_cache.CachedRender`) is first given every message
+            list the batch will render, so that it tokenizes them in one batched call.
         joint: CoRT-style single P_none replay shared by every reward of the sample.
         rollout_prompts: per sample its rollout prompt ids: ``plan.rollout_variant`` then says, per row,
             which variant they are (:func:`rollout_prompt_variant`).
@@ -79,11 +81,13 @@ def build_replay_plan(
     plan.pairs_skipped = int((present & ~variance).sum())
     plan.replayed_mask = torch.zeros(B, K, dtype=torch.bool)
     per_row = []
-    for i in range(B):
-        want = [reward_names[k] for k in range(K) if variance[i, k]]
-        if not want:
-            continue
-        sv = build_sample_variants(messages[i], contexts[i] or {}, want, render, max_prompt_length, joint=joint)
+    wanted = {i: [reward_names[k] for k in range(K) if variance[i, k]] for i in range(B)}
+    built = {i: variant_messages(messages[i], contexts[i] or {}, want, joint=joint) for i, want in wanted.items() if want}
+    prepare = getattr(render, "prepare", None)
+    if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
+        prepare([m for vm in built.values() for m in vm.all_messages()])
+    for i, vm in built.items():
+        sv = render_variants(vm, render, max_prompt_length)
         plan.pairs_fallback += len(sv.fallbacks)
         plan.fallback_reasons.update(sv.fallbacks.values())
         if not sv.pair_variant:
