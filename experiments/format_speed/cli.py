@@ -24,6 +24,15 @@ from experiments.format_speed.runs import heavy_lock, prepare_seed, run_method
 DEFAULT_SFT = {"gold": 1500, "demo": 200, "full": 40}
 
 
+def run_timeout_s(steps: int, prompts_per_step: int) -> float:
+    """The default hard limit of one training run: 600 s of start-up and first step, then per step 5 s a
+    prompt (at least 60 s). Measured on the 2-core machine: start-up ~2 min and ~15 s a step at 4 prompts;
+    ~97 s + a first step of 114 s and ~77 s a step at 32 prompts (docs/format_speed/README_section.md), so
+    the limit is 2x a 30-step run at 32 prompts (5,400 s against ~2,440 s), and 1,320 s at the control's
+    12 steps of 4 prompts (~300 s)."""
+    return 600.0 + steps * max(60.0, 5.0 * prompts_per_step)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.format_speed", description=package.__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,7 +72,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the warm start (default 1: the machine is shared)")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=1200, help="hard limit per training run, seconds")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="hard limit per training run, seconds (default: run_timeout_s(steps, prompts a step), about "
+                         "twice the measured time)")
     ap.add_argument("--no-lock", action="store_true", help="do not take the machine-wide lock around each run")
     ap.add_argument("--preflight-prompts", type=int, default=64,
                     help="RL prompts (x 4 responses) the preflight samples from the warm start and replays (default 64)")
@@ -74,6 +85,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--preflight-only", action="store_true", help="only the data, the warm start and the preflight")
     ap.add_argument("--analyse-only", action="store_true", help="only rebuild results.md and the plots")
     args = ap.parse_args(argv)
+    if args.timeout is None:
+        args.timeout = run_timeout_s(args.steps, args.prompts_per_step)
     out = args.out.resolve()
     t0 = time.monotonic()
     try:

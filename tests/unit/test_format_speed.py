@@ -628,7 +628,7 @@ def test_the_grid_starts_only_after_the_gate_passes(tmp_path, monkeypatch, capsy
 
     calls = []
     monkeypatch.setattr(cli, "prepare_seed", lambda *a, **k: {})
-    monkeypatch.setattr(cli, "run_method", lambda method, seed, *a, **k: calls.append((method, seed, k["condition"])))
+    monkeypatch.setattr(cli, "run_method", lambda method, seed, *a, **k: calls.append((method, seed, k["condition"], a[7])))
     monkeypatch.setattr(cli, "analyse", lambda root, *a, **k: (root.mkdir(parents=True, exist_ok=True),
                                                                (root / "results.md").write_text("t\n"), {"runs": {}})[2])
     import recipe.mrtpo.cpu.quickstart as qs
@@ -651,6 +651,12 @@ def test_the_grid_starts_only_after_the_gate_passes(tmp_path, monkeypatch, capsy
     calls.clear()
     monkeypatch.setattr(cli, "run_preflight", fake_preflight(True))
     assert cli.main(argv) == 0 and calls[0][2].tag == "toolrl-p32"
+    # the default limit of a run grows with it: a 30-step run at 32 prompts took ~2,440 s in the pilot
+    # (97 s start-up, 114 s first step, ~77 s a step), which the old fixed 1,200 s would have killed at step ~14
+    assert calls[0][3] == cli.run_timeout_s(12, 32) and cli.run_timeout_s(30, 32) >= 2 * (97 + 114 + 29 * 77)
+    assert cli.run_timeout_s(12, 4) >= 1200  # the control's runs (~300 s) keep at least their old limit
+    calls.clear()
+    assert cli.main(argv + ["--timeout", "99"]) == 0 and calls[0][3] == 99
     assert cli.main(argv + ["--p-format", "0.5"]) == 2  # sets the other reward's demonstrations
     assert cli.main(argv[:2] + ["--prompts-per-step", "0"]) == 2
 
