@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from experiments.mini_credit.common import METHODS, REPLAY_METHODS, REPO, ExperimentError
 
@@ -61,6 +62,14 @@ class Condition:
         """The token role (:func:`.tokens.token_roles`) where the frame is decided: the closing position
         for the one broken frame, the position after the closing tag where the instruction names the layout."""
         return "close" if self.reward == "tool_calling" else "after_close"
+
+    @property
+    def task_vocab(self) -> Optional[int]:
+        """The size bound of the task vocabulary the model is built on (``None``: the real Qwen2
+        tokenizer, as in the control, whose stored runs used it). Under ToolRL's rewards a 1,024-token
+        bound over the task's texts: at 32 prompts a step the 151,936-row LM head was nearly all of a
+        step's time (:mod:`recipe.mrtpo.cpu.tiny_model`), and the corpus fills ~450 of them."""
+        return None if self.reward == "tool_calling" else 1024
 
     @property
     def max_response_length(self) -> int:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from experiments.format_speed.common import CORRECTNESS, FORMAT
-from experiments.format_speed.tokens import _special_ids, token_roles
+from experiments.format_speed.tokens import token_roles
 
 #: an advantage below this fraction of |A_format| counts as cancelled (sign 0): exact cancellation in
 #: GDPO leaves float noise of the group-std epsilon (~1e-6)
@@ -78,13 +78,12 @@ def dump_records(dump: dict, beta: float, special_ids: Optional[set] = None) -> 
     ids = torch.as_tensor(dump["response_ids"])
     rel = torch.as_tensor(dump["relevance"]).double()
     replayed = dump.get("replayed")
-    special = _special_ids() if special_ids is None else special_ids
     out = []
     for i in range(mask.shape[0]):
         valid = int(mask[i].sum())
         if valid == 0:
             continue
-        roles = token_roles(ids[i].tolist(), dump["response_tokens"][i], valid, special)
+        roles = token_roles(ids[i].tolist(), dump["response_tokens"][i], valid, special_ids)
         if roles is None or not roles["tag"]:
             continue
         tags, arg = roles["tag"], roles["argument"]

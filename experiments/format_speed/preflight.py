@@ -46,9 +46,10 @@ def sample_batch(model, tokenizer, rows: Sequence[dict], n: int = RESPONSES_PER_
     import torch
 
     from experiments.mini_credit.warm_start import _chat_ids
-    from recipe.mrtpo.cpu.tiny_model import EOS_TOKEN_IDS
+    from recipe.mrtpo.cpu.tiny_model import eos_token_ids
     from recipe.mrtpo.tasks import get_task, to_plain
 
+    eos_ids = eos_token_ids(tokenizer)
     names = [FORMAT, CORRECTNESS]
     resp, scores, uid, contexts, messages = [], [], [], [], []
     gen = torch.Generator().manual_seed(seed)
@@ -59,11 +60,11 @@ def sample_batch(model, tokenizer, rows: Sequence[dict], n: int = RESPONSES_PER_
             prompt = torch.tensor([_chat_ids(tokenizer, msgs)])
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
                                  top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_TOKEN_IDS)
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
             score = get_task(r["data_source"])
             for o in out:
                 ids = o[prompt.shape[1]:].tolist()
-                end = next((t + 1 for t, i in enumerate(ids) if i in EOS_TOKEN_IDS), len(ids))
+                end = next((t + 1 for t, i in enumerate(ids) if i in eos_ids), len(ids))
                 ids = ids[:end]
                 res = score(tokenizer.decode(ids, skip_special_tokens=True), to_plain(r["reward_model"]["ground_truth"]),
                             to_plain(r.get("extra_info")))

@@ -81,9 +81,10 @@ def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, 
 
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print,
                  condition: Optional[Condition] = None) -> dict:
-    """Data (``sdir/data``), the random init (``sdir/init``) and the warm-started model (``sdir/sft_model``)."""
+    """Data (``sdir/data``), the task vocabulary when the condition has one (``sdir/tokenizer``), the
+    random init (``sdir/init``) and the warm-started model (``sdir/sft_model``)."""
     from data_prep import format_speed as builder
-    from experiments.format_speed.warm_start import sft_warm_start
+    from experiments.format_speed.warm_start import sft_warm_start, task_tokenizer
 
     cond = condition or Condition()
     if cond.reward == "toolrl":
@@ -91,4 +92,5 @@ def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print
                       "--p-follow-response", str(args.p_follow_response), "--p-arg", str(args.p_arg)]
     else:
         build_args = ["--p-format", str(args.p_format), "--p-arg", str(args.p_arg)]
-    return warm_start_seed(sdir, seed, args, builder.main, build_args, sft_warm_start, log)
+    tokenizer = None if cond.task_vocab is None else task_tokenizer(cond.task_vocab)
+    return warm_start_seed(sdir, seed, args, builder.main, build_args, sft_warm_start, log, tokenizer)

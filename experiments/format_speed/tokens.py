@@ -21,7 +21,10 @@ of the argument's value; :func:`token_roles` maps them to token positions:
   (``data_prep.format_speed --reward toolrl``); empty when the block is not closed.
 
 The text is rebuilt from the per-token strings of a relevance dump with special tokens as empty strings,
-as the reward manager decodes (``skip_special_tokens=True``).
+as the reward manager decodes (``skip_special_tokens=True``). A token is special when its id is in
+``special_ids``, or, by default, when its string is one of Qwen2's special tokens (``<|im_end|>``, ...):
+the dump decodes each id alone, and the strings are the same in the real Qwen2 tokenizer and in a task
+vocabulary (:func:`recipe.mrtpo.cpu.tiny_model.build_task_tokenizer`), whose ids differ.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _ARG_VALUE = re.compile(r'"(?:arguments|parameters)"\s*:\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 
-def _special_ids() -> set[int]:
+def _special_strings() -> frozenset:
     from recipe.mrtpo.cpu.tiny_model import QWEN2_SPECIAL_TOKENS
 
-    return {tid for tid, _, special in QWEN2_SPECIAL_TOKENS if special}
+    return frozenset(content for _, content, special in QWEN2_SPECIAL_TOKENS if special)
 
 
 def call_spans(text: str) -> Optional[dict]:
@@ -75,10 +78,11 @@ def token_roles(token_ids: Sequence[int], token_strings: Sequence[str], valid: i
     of the first ``valid``
     tokens (see the module docstring), or ``None`` when the response holds no decodable call (nothing to
     attribute)."""
-    special = _special_ids() if special_ids is None else special_ids
+    strings = _special_strings()
     pieces, starts, pos = [], [], 0
     for t in range(valid):
-        piece = "" if int(token_ids[t]) in special else str(token_strings[t])
+        special = str(token_strings[t]) in strings if special_ids is None else int(token_ids[t]) in special_ids
+        piece = "" if special else str(token_strings[t])
         starts.append(pos)
         pieces.append(piece)
         pos += len(piece)

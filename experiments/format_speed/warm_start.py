@@ -21,31 +21,54 @@ _SFT_FORMAT = "1"  # bump when the recipe changes in a way its key would not see
 _SFT_KEY_FILE = ".format-speed-sft-key"
 
 
+def _target_text(r: dict, target: str) -> str:
+    from recipe.mrtpo.tasks import to_plain
+    from recipe.mrtpo.tasks.tool_calling import parse_ground_truth, render_tool_calls
+
+    if target == "demo":
+        text = (r.get("extra_info") or {}).get("demo")
+        if not isinstance(text, str) or not text:
+            raise ExperimentError(f"SFT row without extra_info['demo']: {r!r:.200}")
+        return text
+    if r.get("data_source") == "toolrl":
+        return to_plain(r["reward_model"]["ground_truth"])["answer"]
+    calls, _ = parse_ground_truth(r["reward_model"]["ground_truth"])
+    return render_tool_calls(calls)
+
+
 def encode_examples(tokenizer, rows: Sequence[dict], target: str = "demo") -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids + EOS) per row; the response is ``extra_info["demo"]`` (``target="demo"``)
     or the gold answer (``target="gold"``): the verifier's rendering of the reference call, or under
     ToolRL's rewards the reference answer in the layout the instruction names."""
-    from recipe.mrtpo.tasks import to_plain
-    from recipe.mrtpo.tasks.tool_calling import parse_ground_truth, render_tool_calls
-
     if target not in ("demo", "gold"):
         raise ValueError(f"target must be 'demo' or 'gold', got {target!r}")
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ExperimentError("the tokenizer has no eos_token_id")
-    out = []
-    for r in rows:
-        if target == "demo":
-            text = (r.get("extra_info") or {}).get("demo")
-            if not isinstance(text, str) or not text:
-                raise ExperimentError(f"SFT row without extra_info['demo']: {r!r:.200}")
-        elif r.get("data_source") == "toolrl":
-            text = to_plain(r["reward_model"]["ground_truth"])["answer"]
-        else:
-            calls, _ = parse_ground_truth(r["reward_model"]["ground_truth"])
-            text = render_tool_calls(calls)
-        out.append((_chat_ids(tokenizer, list(r["prompt"])), list(tokenizer.encode(text)) + [eos]))
-    return out
+    return [(_chat_ids(tokenizer, list(r["prompt"])), list(tokenizer.encode(_target_text(r, target))) + [eos])
+            for r in rows]
+
+
+def corpus_texts(data_dir: Path) -> list[str]:
+    """The texts a task vocabulary is trained on: the chat roles, every prompt message of the SFT, RL and
+    held-out rows, and the SFT rows' demonstrations and gold answers (what the model reads and writes)."""
+    from experiments.mini_credit.warm_start import _read_rows
+
+    texts = ["system", "user", "assistant"]
+    for split in ("sft", "train", "test"):
+        for r in _read_rows(Path(data_dir) / f"{split}.parquet"):
+            texts += [m["content"] for m in r["prompt"]]
+            if split == "sft":
+                texts += [_target_text(r, "demo"), _target_text(r, "gold")]
+    return texts
+
+
+def task_tokenizer(vocab_size: int) -> Callable[[Path], Path]:
+    """``data_dir -> tokenizer folder``: a task vocabulary of at most ``vocab_size`` tokens over
+    :func:`corpus_texts` (:func:`recipe.mrtpo.cpu.tiny_model.build_task_tokenizer`), written next to the data."""
+    from recipe.mrtpo.cpu.tiny_model import build_task_tokenizer
+
+    return lambda data_dir: build_task_tokenizer(Path(data_dir).parent / "tokenizer", corpus_texts(data_dir), vocab_size)
 
 
 #: the correctness of a right call, per data_source (what ``exact`` counts)
@@ -61,9 +84,10 @@ def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4
     ``max_new_tokens`` defaults to the task's :data:`MAX_NEW_TOKENS`."""
     import torch
 
-    from recipe.mrtpo.cpu.tiny_model import EOS_TOKEN_IDS
+    from recipe.mrtpo.cpu.tiny_model import eos_token_ids
     from recipe.mrtpo.tasks import get_task, to_plain
 
+    eos_ids = eos_token_ids(tokenizer)
     sources = {r.get("data_source", "tool_calling") for r in rows}
     if len(sources) != 1 or not sources <= set(CORRECT_MAX):
         raise ExperimentError(f"evaluation rows must all be tool_calling or all toolrl, got {sorted(sources)}")
@@ -78,7 +102,7 @@ def evaluate_tool_calls(model, tokenizer, rows: Sequence[dict], samples: int = 4
             prompt = torch.tensor([_chat_ids(tokenizer, list(r["prompt"]))])
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
                                  top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_TOKEN_IDS)
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
             for o in out:
                 text = tokenizer.decode(o[prompt.shape[1]:], skip_special_tokens=True)
                 res = score(text, to_plain(r["reward_model"]["ground_truth"]), to_plain(r.get("extra_info")))

@@ -116,10 +116,13 @@ def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print
 
 
 def warm_start_seed(sdir: Path, seed: int, args, build: Callable[[list[str]], int], build_args: list[str],
-                    sft: Callable[..., dict], log: Callable[[str], None] = print) -> dict:
+                    sft: Callable[..., dict], log: Callable[[str], None] = print,
+                    tokenizer: Optional[Callable[[Path], Path]] = None) -> dict:
     """What both miniatures prepare per seed: ``build([--out-dir sdir/data --seed --n-sft, *build_args])``
     (a data builder's ``main``), a random tiny Qwen2 (``args.hidden``, ``args.layers``) in ``sdir/init``,
-    and ``sft(...)`` of it into ``sdir/sft_model`` with the SFT phases of ``args``; returns the SFT record."""
+    and ``sft(...)`` of it into ``sdir/sft_model`` with the SFT phases of ``args``; returns the SFT record.
+    The model has the real Qwen2 tokenizer unless ``tokenizer(data_dir)`` returns the folder of another
+    (:func:`recipe.mrtpo.cpu.tiny_model.build_task_tokenizer`, trained on the data just built)."""
     from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
 
     data_dir = sdir / "data"
@@ -127,6 +130,7 @@ def warm_start_seed(sdir: Path, seed: int, args, build: Callable[[list[str]], in
         raise ExperimentError(f"building the data for seed {seed} failed")
     heads = args.hidden // 32
     base = build_tiny_qwen2(sdir / "init", hidden_size=args.hidden, num_layers=args.layers,
-                            num_heads=heads, num_kv_heads=max(1, heads // 2), seed=seed)
+                            num_heads=heads, num_kv_heads=max(1, heads // 2), seed=seed,
+                            tokenizer_dir=None if tokenizer is None else tokenizer(data_dir))
     cfg = SFTConfig(gold_steps=args.sft_gold_steps, demo_steps=args.sft_demo_steps, full_steps=args.sft_full_steps)
     return sft(base, data_dir / "sft.parquet", data_dir / "test.parquet", sdir / "sft_model", cfg, seed=seed, log=log)

@@ -159,9 +159,10 @@ def evaluate_slots(model, tokenizer, rows: Sequence[dict], samples: int = 4, max
     ``{"per_reward": {slot_X: mean}, "mean": ..., "n": responses, "examples": [(prompt, response)...]}``."""
     import torch
 
-    from recipe.mrtpo.cpu.tiny_model import EOS_TOKEN_IDS
+    from recipe.mrtpo.cpu.tiny_model import eos_token_ids
     from recipe.mrtpo.tasks.synthetic_slots import score_synthetic_slots
 
+    eos_ids = eos_token_ids(tokenizer)
     scores: dict[str, list[float]] = {}
     examples = []
     gen = torch.Generator().manual_seed(seed)
@@ -171,7 +172,7 @@ def evaluate_slots(model, tokenizer, rows: Sequence[dict], samples: int = 4, max
             prompt = torch.tensor([_chat_ids(tokenizer, list(r["prompt"]))])
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                  max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_TOKEN_IDS)
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
             for o in out:
                 text = tokenizer.decode(o[prompt.shape[1]:], skip_special_tokens=True)
                 res = score_synthetic_slots(text, to_plain(r["reward_model"]["ground_truth"]))
@@ -198,8 +199,8 @@ class SFTConfig:
     2. ``demo_steps`` on the imperfect demonstrations, same softmax: brings each field's accuracy down to
        about ``p_correct`` (a 50%-right demonstration gives a copying model only 0.06 nats per field, too
        weak a signal to learn the copying from on its own in CPU minutes);
-    3. ``full_steps`` on the demonstrations with the full 151,936-token softmax and trainable embeddings
-       (~1 s a step): takes the probability mass off the rest of the vocabulary, which phases 1-2 never
+    3. ``full_steps`` on the demonstrations with the full softmax (151,936 tokens under the real
+       vocabulary) and trainable embeddings (~1 s a step there): takes the probability mass off the rest of the vocabulary, which phases 1-2 never
        saw.
     """
 

@@ -163,3 +163,83 @@ def test_wrong_bpe_file_is_rejected(tmp_path):
     fake.write_text("IQ== 0\nIg== 1\n")
     with pytest.raises(ValueError, match="not the Qwen2 qwen.tiktoken"):
         tm.build_qwen2_tokenizer(tmp_path / "t", tiktoken_path=fake)
+
+
+# ---------------------------------------------------------------- task vocabulary
+
+TASK_TEXTS = ["system", "user", "assistant",
+              "Reply with the call as JSON inside <tool_call></tool_call> tags. Tool: set_timer(minutes: integer).",
+              '<tool_call>\n{"name": "set_timer", "arguments": {"minutes": 27}}\n</tool_call>'] * 20
+
+
+@pytest.fixture(scope="module")
+def task_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("task")
+    tdir = tm.build_task_tokenizer(root / "tok", TASK_TEXTS, 512)
+    return tdir, tm.build_tiny_qwen2(root / "model", hidden_size=64, tokenizer_dir=tdir)
+
+
+def test_task_tokenizer_keeps_qwen2s_pipeline_specials_and_template(task_dirs, tok):
+    from transformers import AutoTokenizer
+
+    task = AutoTokenizer.from_pretrained(task_dirs[0])
+    assert 256 + len(tm.QWEN2_SPECIAL_TOKENS) < len(task) <= 512 + len(tm.QWEN2_SPECIAL_TOKENS)
+    assert task.eos_token == "<|im_end|>" and task.pad_token == "<|endoftext|>" and task.bos_token is None
+    for _, content, special in tm.QWEN2_SPECIAL_TOKENS:
+        tid = task.convert_tokens_to_ids(content)
+        assert task.encode(content) == [tid] and tid >= len(task) - len(tm.QWEN2_SPECIAL_TOKENS)
+        assert task.added_tokens_decoder[tid].special == special
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Set a timer."}]
+    assert task.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    # byte-level: text the corpus never held still round-trips; the corpus' words are whole tokens
+    text = "Straße café 你好 🙂\n\n  x = 42;\ttabs"
+    assert task.decode(task.encode(text)) == text
+    assert len(task.encode(TASK_TEXTS[4])) < len(tok.encode(TASK_TEXTS[4])) + 8
+    ids = task.encode('<tool_call>{"name": "f"}</tool_call><|im_end|>')
+    assert task.decode(ids, skip_special_tokens=True) == '<tool_call>{"name": "f"}</tool_call>'
+    assert tm.eos_token_ids(task) == [task.convert_tokens_to_ids("<|im_end|>"), task.pad_token_id]
+    assert tm.eos_token_ids(tok) == tm.EOS_TOKEN_IDS
+
+
+def test_task_tokenizer_is_deterministic_and_cached(task_dirs, tmp_path):
+    tdir = task_dirs[0]
+    again = tm.build_task_tokenizer(tmp_path / "again", TASK_TEXTS, 512)
+    assert (again / "tokenizer.json").read_text() == (tdir / "tokenizer.json").read_text()
+    before = (tdir / "tokenizer.json").stat().st_mtime_ns
+    assert tm.build_task_tokenizer(tdir, TASK_TEXTS, 512) == tdir
+    assert (tdir / "tokenizer.json").stat().st_mtime_ns == before
+    other = tm.build_task_tokenizer(tmp_path / "other", TASK_TEXTS[:4], 300)
+    assert (other / "tokenizer.json").read_text() != (tdir / "tokenizer.json").read_text()
+
+
+def test_task_tokenizer_rejects_what_it_cannot_build(tmp_path):
+    with pytest.raises(ValueError, match="more than its 256 byte tokens"):
+        tm.build_task_tokenizer(tmp_path / "t", TASK_TEXTS, 256)
+    with pytest.raises(ValueError, match="no texts"):
+        tm.build_task_tokenizer(tmp_path / "t", ["", None], 512)
+    with pytest.raises(FileNotFoundError, match="build_task_tokenizer"):
+        tm.build_tiny_qwen2(tmp_path / "m", tokenizer_dir=tmp_path / "empty")
+
+
+def test_model_on_a_task_vocabulary(task_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tdir, mdir = task_dirs
+    task = AutoTokenizer.from_pretrained(mdir)
+    assert (mdir / "tokenizer.json").read_text() == (tdir / "tokenizer.json").read_text()
+    model = AutoModelForCausalLM.from_pretrained(mdir)
+    cfg = model.config
+    assert cfg.vocab_size % 64 == 0 and len(task) <= cfg.vocab_size < len(task) + 64
+    assert (cfg.eos_token_id, cfg.pad_token_id) == (task.eos_token_id, task.pad_token_id)
+    gen = json.loads((mdir / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tm.eos_token_ids(task) and gen["pad_token_id"] == task.pad_token_id
+    prompt = task.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True, add_generation_prompt=True)
+    ids = torch.tensor([prompt["input_ids"]])
+    torch.manual_seed(0)
+    out = model.generate(ids, max_new_tokens=4, do_sample=True, pad_token_id=task.pad_token_id)
+    assert out.shape[1] > ids.shape[1] and int(out.max()) < cfg.vocab_size
+    # a second tokenizer is another model key: rebuilt, not served from the cache
+    other = tm.build_task_tokenizer(mdir.parent / "tok2", TASK_TEXTS[:4], 300)
+    assert tm.build_tiny_qwen2(mdir, hidden_size=64, tokenizer_dir=other) == mdir
+    assert (mdir / "tokenizer.json").read_text() == (other / "tokenizer.json").read_text()

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from data_prep import format_speed as builder
+from data_prep.common import read_parquet_rows
 from experiments.format_speed.cli import main as experiment_main
 from experiments.format_speed.diagnostic import dump_records, summarise, summed_advantages
 from experiments.format_speed.results import analyse, run_curves
@@ -407,6 +408,34 @@ def test_prepare_seed_warm_starts_once_and_then_is_cached(tmp_path):
     assert any("SFT model cached" in m for m in lines)
 
 
+def test_prepare_seed_of_the_toolrl_condition_builds_a_task_vocabulary(tmp_path):
+    """Under ToolRL's rewards the warm start's model is built on a task vocabulary trained on the data it
+    just built (:attr:`Condition.task_vocab`); the control keeps the real Qwen2 tokenizer."""
+    import argparse
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from experiments.format_speed.common import Condition
+    from experiments.format_speed.runs import prepare_seed
+    from experiments.format_speed.warm_start import corpus_texts
+
+    assert Condition().task_vocab is None and Condition("toolrl", 32).task_vocab == 1024
+    args = argparse.Namespace(n_sft=64, hidden=64, layers=1, sft_gold_steps=2, sft_demo_steps=2, sft_full_steps=1,
+                              p_follow_call=builder.P_FOLLOW_CALL, p_follow_response=builder.P_FOLLOW_RESPONSE,
+                              p_arg=builder.P_ARG)
+    meta = prepare_seed(tmp_path / "ws", 0, args, log=lambda m: None, condition=Condition("toolrl", 32))
+    assert meta["after"]["n"] > 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "ws" / "sft_model")
+    assert (tmp_path / "ws" / "sft_model" / "tokenizer.json").read_text() == \
+        (tmp_path / "ws" / "tokenizer" / "tokenizer.json").read_text()
+    assert 300 < len(tok) <= 1024 + 22 and AutoConfig.from_pretrained(tmp_path / "ws" / "sft_model").vocab_size < 1100
+    texts = corpus_texts(tmp_path / "ws" / "data")
+    train = [to_plain(r) for r in read_parquet_rows(tmp_path / "ws" / "data" / "train.parquet")]
+    assert train[0]["prompt"][0]["content"] in texts and "assistant" in texts
+    # the words of the task are whole tokens: the instruction is far shorter than in bytes
+    assert len(tok.encode(train[0]["prompt"][0]["content"])) < len(train[0]["prompt"][0]["content"]) / 3
+
+
 # ------------------------------------------------------------------------------------- ToolRL condition
 
 
@@ -497,6 +526,17 @@ def test_token_roles_of_the_toolrl_layouts():
         assert roles["close"] == [25] and roles["after_close"] == [26]  # the end token, or the response's line break
         assert roles["tag"][:8] == [0, 1, 2, 3, 4, 5, 6, 7] and 26 in roles["tag"]
     assert token_roles(_ids(call), call, 26)["after_close"] == []  # cut right after </tool_call>
+
+
+def test_token_roles_under_a_task_vocabulary():
+    """The special tokens are found by their strings by default, so the roles do not depend on the ids of
+    the vocabulary (a task vocabulary puts <|im_end|> at ~430, not at 151645)."""
+    for toks in (GOOD, GARBLED, _toolrl_tokens("call_response")):
+        small = [429 if t == "<|im_end|>" else 3 + i for i, t in enumerate(toks)]
+        assert token_roles(small, toks, len(toks)) == token_roles(_ids(toks), toks, len(toks))
+    # explicit ids are used as given: with none special, the end token is text after the block
+    assert token_roles(_ids(GOOD), GOOD, len(GOOD), special_ids=set())["tag"] == [0, 1, 18, 19, 20]
+    assert token_roles(_ids(GOOD), GOOD, len(GOOD), special_ids=set())["after_close"] == [20]
 
 
 def _deciding_q(responses, T, on: str):
