@@ -15,9 +15,10 @@ Public names:
 - :func:`build_task_tokenizer`: the same pipeline (NFC, Qwen2's pre-tokenizer, byte-level BPE, the
   special tokens and the chat template) with a BPE of a few hundred to a few thousand tokens trained on
   given texts; :func:`build_tiny_qwen2` takes it as ``tokenizer_dir``. At hidden size 128 the
-  151,936-row LM head is nearly all of a tiny model's compute (a forward and backward of 128 rows of 82
-  tokens: 20 s against 0.85 s at a 4,096-token head on this machine's 2 cores), so an experiment that
-  runs many training steps on one task can use a task vocabulary;
+  151,936-row LM head is nearly all of a tiny model's compute: a training step of the format-speed
+  experiment (128 responses) took ~77 s under the real vocabulary and ~7 s under a 449-token task
+  vocabulary on the 2-core CI machine (verl's ``timing_s/step``, ``docs/format_speed``), so an
+  experiment that runs many training steps on one task can use a task vocabulary;
 - :func:`eos_token_ids` (the ids generation stops at, read from a tokenizer);
 - :data:`CHATML_TEMPLATE`, :data:`QWEN2_SPECIAL_TOKENS`, :data:`QWEN2_VOCAB_SIZE`;
 - CLI: ``python -m recipe.mrtpo.cpu.tiny_model --out DIR``.
