@@ -109,42 +109,50 @@ def build_table(per_run: dict, methods: Sequence[str], seeds: Sequence[int], ste
 #: the correctness gain
 COMPARED = ("reach", "format_after", "correctness_gain")
 
+#: the paper's orderings, each pair (a, b) tested as a minus b, with the paper's steps to format 0.8 in tool
+#: calling (MRTPO 13, GDPO 19, GRPO 34; the shuffle "back to GDPO"): MRTPO faster than GRPO, GDPO and the
+#: shuffle, GDPO faster than GRPO, the shuffle no faster than GDPO
+ORDERINGS = (("mrtpo", "grpo", "-21 (13 vs 34)"), ("mrtpo", "gdpo", "-6 (13 vs 19)"), ("mrtpo", "shuffle", "< 0"),
+             ("gdpo", "grpo", "-15 (19 vs 34)"), ("shuffle", "gdpo", "0"))
 
-def compare(table: dict, steps: int, ref: str = "mrtpo") -> dict:
-    """``ref`` against each other method over their seeds: ``{method: {quantity: {"diff", "p"}}}`` with the
-    difference of the means (``ref`` minus the method) and the exact two-sided permutation p
-    (:func:`recipe.mrtpo.tools.report.series.permutation_p`) of each of :data:`COMPARED`."""
+
+def compare(table: dict, steps: int, orderings: Sequence[tuple] = ORDERINGS) -> dict:
+    """Each ordering ``(a, b, paper)`` whose methods both have finished seeds: ``{"a - b": {"paper": ..., "n":
+    [seeds of a, seeds of b], quantity: {"diff", "p"}}}`` with the difference of the means over seeds (a minus
+    b) and the exact two-sided permutation p (:func:`recipe.mrtpo.tools.report.series.permutation_p`) of
+    each of :data:`COMPARED`."""
     def per_seed(row: dict, quantity: str) -> list[float]:
         if quantity == "reach":
             return [steps + 1 if v is None else v for v in row["reach"]["per_seed"].values()]
         return list(row[f"{quantity}_per_seed"].values())
 
-    if ref not in table or not table[ref]["n"]:
-        return {}
     out = {}
-    for method, row in table.items():
-        if method == ref or not row["n"]:
+    for a, b, paper in orderings:
+        if not (table.get(a) or {}).get("n") or not (table.get(b) or {}).get("n"):
             continue
-        out[method] = {}
+        entry = {"paper": paper, "n": [table[a]["n"], table[b]["n"]]}
         for q in COMPARED:
-            a, b = per_seed(table[ref], q), per_seed(row, q)
-            out[method][q] = {"diff": sum(a) / len(a) - sum(b) / len(b) if a and b else None, "p": permutation_p(a, b)}
+            x, y = per_seed(table[a], q), per_seed(table[b], q)
+            entry[q] = {"diff": sum(x) / len(x) - sum(y) / len(y) if x and y else None, "p": permutation_p(x, y)}
+        out[f"{a} - {b}"] = entry
     return out
 
 
-def render_comparison(comparison: dict, steps: int, after_steps: int, ref: str = "mrtpo") -> list[str]:
+def render_comparison(comparison: dict, steps: int, after_steps: int) -> list[str]:
     if not comparison:
         return []
-    lines = ["", f"{ref} against each method (difference of the means over seeds, {ref} minus the method, and the exact "
-             f"two-sided permutation p over seeds; a seed that never reached the threshold counts as {steps + 1}):", "",
-             f"| method | steps to format: difference | p | format after {after_steps} steps: difference | p "
-             "| correctness gain: difference | p |", "| --- |" + " ---: |" * 6]
-    for method, c in comparison.items():
+    lines = ["", "The paper's orderings (difference of the means over seeds, and the exact two-sided permutation p "
+             f"over seeds; a seed that never reached the threshold counts as {steps + 1}; the paper's column is its "
+             "difference in steps to format 0.8 in tool calling):", "",
+             f"| pair | seeds | steps to format: difference | paper | p | format after {after_steps} steps: difference "
+             "| p | correctness gain: difference | p |", "| --- | ---: |" + " ---: |" * 7]
+    for pair, c in comparison.items():
         cells = []
         for q, digits in (("reach", 1), ("format_after", 2), ("correctness_gain", 3)):
             d, p = c[q]["diff"], c[q]["p"]
-            cells += ["–" if d is None else f"{d:+.{digits}f}", "–" if p is None else f"{p:.2f}"]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            cells += ["–" if d is None else f"{d:+.{digits}f}"] + ([c["paper"]] if q == "reach" else []) + \
+                     ["–" if p is None else f"{p:.2f}"]
+        lines.append(f"| {pair} | {c['n'][0]} / {c['n'][1]} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -202,11 +210,11 @@ DECIDING_TITLES = {
 
 def render_results(table: dict, threshold: float, window: int, after_steps: int, steps: int, sft: dict,
                    wall: dict, unfinished: Optional[list[str]] = None, deciding: str = "close",
-                   responses_per_step: int = 16, title_suffix: str = "") -> str:
+                   responses_per_step: int = 16, title_suffix: str = "", verifier: str = "the tool-calling verifier") -> str:
     lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)" + title_suffix, ""]
     if sft:
         lines += ["The warm start every run starts from (held-out prompts, 4 samples each at T=1, scored by the "
-                  "tool-calling verifier); the seeds of the runs vary the RL sampling:", ""]
+                  f"{verifier}); the seeds of the runs vary the RL sampling:", ""]
         for seed, m in sorted(sft.items(), key=lambda kv: int(kv[0])):
             a = m["after"]
             lines.append(f"- warm-start seed {seed}: {m['train_s']:.0f} s of SFT; format {a['format']:.2f}, correctness "
@@ -367,7 +375,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
     wall = {f"{m}_seed{s}": e["wall_s"] for (m, s), e in per_run.items() if e["ok"]}
     md = render_results(table, threshold, window, after_steps, steps, sft, wall, render_unfinished(per_run),
                         deciding=cond.deciding, responses_per_step=cond.responses_per_step,
-                        title_suffix="" if cond.control else f": {cond.reward}, {cond.prompts_per_step} prompts a step")
+                        title_suffix="" if cond.control else f": {cond.reward}, {cond.prompts_per_step} prompts a step",
+                        verifier="the tool-calling verifier" if cond.reward == "tool_calling" else "ToolRL's verifier")
     (out / "results.md").write_text(md)
 
     def finite(o):

@@ -298,10 +298,12 @@ def test_analyse_builds_the_table_from_fake_runs(tmp_path):
     assert saved["table"]["mrtpo"]["n"] == 2
     # mrtpo against gdpo over seeds: steps 3, 3 against 4, 6 (not reached = steps + 1); 2 of the 6 labellings
     # of {3, 3, 4, 6} are as far apart as the observed one
+    # (the paper's orderings with finished seeds in both methods: grpo has none, the shuffle did not run)
     c = saved["comparison"]
-    assert set(c) == {"gdpo"} and c["gdpo"]["reach"]["diff"] == pytest.approx(-2.0)
-    assert c["gdpo"]["reach"]["p"] == pytest.approx(2 / 6) and c["gdpo"]["format_after"]["diff"] == pytest.approx(0.35)
-    assert "| gdpo | -2.0 | 0.33 | +0.35 | 0.33 |" in md
+    assert set(c) == {"mrtpo - gdpo"} and c["mrtpo - gdpo"]["reach"]["diff"] == pytest.approx(-2.0)
+    assert c["mrtpo - gdpo"]["reach"]["p"] == pytest.approx(2 / 6) and c["mrtpo - gdpo"]["n"] == [2, 2]
+    assert c["mrtpo - gdpo"]["format_after"]["diff"] == pytest.approx(0.35)
+    assert "| mrtpo - gdpo | 2 / 2 | -2.0 | -6 (13 vs 19) | 0.33 | +0.35 | 0.33 |" in md
 
 
 def test_analyse_only_exits_nonzero_on_failed_runs(tmp_path, capsys):
