@@ -25,7 +25,8 @@ rewards, format {0, 1} and correctness [-3, 3], on the layout the instruction na
 follows it 80% / 20% of the time) and ``--prompts-per-step`` sets the prompts a step (x 4 responses,
 responses up to 40 tokens), and the tiny Qwen2 is built on a task vocabulary (Qwen2's tokenizer
 pipeline, special tokens and template over a BPE of ~450 tokens trained on the task's texts,
-:attr:`.common.Condition.task_vocab`; the 151,936-row LM head was nearly all of a step's time). A condition other than the control (``tool_calling``, 4 prompts: the first
+:attr:`.common.Condition.task_vocab`; the 151,936-row LM head was nearly all of a step's time).
+A condition other than the control (``tool_calling``, 4 prompts: the first
 grid, whose folders and run keys stay as they were) lives in ``OUT/<reward>-p<prompts>/``
 (:class:`.common.Condition`). Before the grid, :mod:`.preflight` samples the warm start on the first RL
 prompts, replays the samples as a training step does and measures q_format's share on the position
