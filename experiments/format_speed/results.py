@@ -1,7 +1,8 @@
 """The outputs of the format-speed experiment: per run the format and correctness curves from verl's console
 log (:func:`run_curves`) and, for the replay methods, the diagnostic of their relevance dumps
-(:mod:`.diagnostic`); the table over methods and seeds (:func:`build_table`, :func:`render_results`);
-the plots (:func:`plot_curves`, :func:`plot_diagnostic`); :func:`analyse` does all of it for a folder.
+(:mod:`.diagnostic`) and the layouts they wrote (:mod:`.layouts`); the table over methods and seeds
+(:func:`build_table`, :func:`render_results`); the plots (:func:`plot_curves`, :func:`plot_diagnostic`,
+:func:`plot_layouts`); :func:`analyse` does all of it for a folder.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional
 
 from experiments.format_speed.common import CORRECTNESS, FORMAT, LOG_PREFIX, REPLAY_METHODS, Condition, ExperimentError
 from experiments.format_speed.diagnostic import Q_KEYS, SIGN_KEYS, dump_records, summarise
+from experiments.format_speed.layouts import plot_layouts, render_layouts, run_layouts
 from recipe.mrtpo.tools.report.series import first_reach, mean_spread, permutation_p, reward_series
 from recipe.mrtpo.tools.verl_log import parse_console_log
 
@@ -40,7 +42,7 @@ def run_curves(log_text: str, threshold: float, window: int, after_steps: int) -
 def load_run(run_dir: Path, method: str, threshold: float, window: int, after_steps: int, beta: float,
              log: Callable[[str], None] = print) -> Optional[dict]:
     """One run's entry (``None`` when it has no ``result.json``): ok, wall time, curves and, for the replay
-    methods, the per-step diagnostic records of its relevance dumps."""
+    methods, the diagnostic of its relevance dumps and their per-step layouts (:func:`.layouts.run_layouts`)."""
     res_path = run_dir / "result.json"
     if res_path.is_file():
         res = json.loads(res_path.read_text())
@@ -49,7 +51,7 @@ def load_run(run_dir: Path, method: str, threshold: float, window: int, after_st
     else:
         return None
     entry = {"ok": bool(res.get("ok")), "unfinished": bool(res.get("unfinished")), "wall_s": res.get("wall_s"),
-             "curves": {}, "diagnostic": None}
+             "curves": {}, "diagnostic": None, "layouts": []}
     log_path = run_dir / Path(res.get("log") or "main_mrtpo.log").name
     if log_path.is_file():
         entry["curves"] = run_curves(log_path.read_text(errors="replace"), threshold, window, after_steps)
@@ -59,6 +61,7 @@ def load_run(run_dir: Path, method: str, threshold: float, window: int, after_st
         dumps, entry["dumps_unreadable"] = load_dumps(run_dir / "relevance_dumps", log)
         records = [r for d in dumps for r in dump_records(d, beta)]
         entry["diagnostic"] = summarise(records)
+        entry["layouts"] = run_layouts(dumps)
     return entry
 
 
@@ -210,7 +213,8 @@ DECIDING_TITLES = {
 
 def render_results(table: dict, threshold: float, window: int, after_steps: int, steps: int, sft: dict,
                    wall: dict, unfinished: Optional[list[str]] = None, deciding: str = "close",
-                   responses_per_step: int = 16, title_suffix: str = "", verifier: str = "the tool-calling verifier") -> str:
+                   responses_per_step: int = 16, title_suffix: str = "", verifier: str = "the tool-calling verifier",
+                   layouts: Optional[list[str]] = None) -> str:
     lines = ["# Format speed: how fast a format reward is learned beside a content reward (CPU miniature)" + title_suffix, ""]
     if sft:
         lines += ["The warm start every run starts from (held-out prompts, 4 samples each at T=1, scored by the "
@@ -267,6 +271,7 @@ def render_results(table: dict, threshold: float, window: int, after_steps: int,
             c = d["conflict"]
             lines.append(f"| {m} | {_fmt(d[f'q_format_on_{r}'], True)} | {_fmt(d[f'{r}_share'], True)} | "
                          f"{_fmt(d[f'gdpo_{r}'])} | {_fmt(d[f'mrtpo_{r}'])} | {_fmt(c[f'gdpo_{r}'])} | {_fmt(c[f'mrtpo_{r}'])} |")
+    lines += layouts or []
     lines += unfinished or []
     if wall:
         total = sum(v for v in wall.values() if v)
@@ -376,7 +381,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
     md = render_results(table, threshold, window, after_steps, steps, sft, wall, render_unfinished(per_run),
                         deciding=cond.deciding, responses_per_step=cond.responses_per_step,
                         title_suffix="" if cond.control else f": {cond.reward}, {cond.prompts_per_step} prompts a step",
-                        verifier="the tool-calling verifier" if cond.reward == "tool_calling" else "ToolRL's verifier")
+                        verifier="the tool-calling verifier" if cond.reward == "tool_calling" else "ToolRL's verifier",
+                        layouts=render_layouts(per_run, steps, after_steps, threshold))
     (out / "results.md").write_text(md)
 
     def finite(o):
@@ -394,7 +400,8 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
     (out / "results.json").write_text(json.dumps(finite(results), indent=1, default=str))
     c_range = (0, 1.02) if cond.reward == "tool_calling" else (-3.05, 3.05)  # ToolRL's correctness is in [-3, 3]
     for name, fn in (("curves.png", lambda p: plot_curves(per_run, methods, seeds, threshold, p, c_range)),
-                     ("diagnostic.png", lambda p: plot_diagnostic(table, p))):
+                     ("diagnostic.png", lambda p: plot_diagnostic(table, p)),
+                     ("layouts.png", lambda p: plot_layouts(per_run, methods, p))):
         try:
             fn(out / name)
         except Exception as e:  # noqa: BLE001 - a plot is optional output
@@ -403,7 +410,7 @@ def analyse(out: Path, methods: Sequence[str], seeds: Sequence[int], threshold: 
         import shutil
 
         docs.mkdir(parents=True, exist_ok=True)
-        for name in ("results.md", "curves.png", "diagnostic.png"):
+        for name in ("results.md", "curves.png", "diagnostic.png", "layouts.png"):
             if (out / name).is_file():
                 shutil.copy(out / name, docs / name)
     return results

@@ -4,7 +4,8 @@
   tool-calling verifier scores as designed (frame broken at the asked rate, costing format only;
   argument right at the asked rate, independently), the SFT variants that teach each Z_k;
 - the tag and argument token positions (``experiments.format_speed.tokens``);
-- the sign diagnostic and the localisation shares on a hand-made relevance dump (``.diagnostic``);
+- the sign diagnostic and the localisation shares on a hand-made relevance dump (``.diagnostic``), and the
+  layouts written under each instruction (``.layouts``);
 - the analysis table from fake runs (``.results``), the run overrides and the machine-wide lock (``.runs``);
 - the ToolRL condition: its data (the layout the instruction names, followed only part of the time), the
   position after the closing tag, the conditions' folders and run keys, the preflight's replay on a tiny
@@ -27,6 +28,7 @@ from data_prep import format_speed as builder
 from data_prep.common import read_parquet_rows
 from experiments.format_speed.cli import main as experiment_main
 from experiments.format_speed.diagnostic import dump_records, summarise, summed_advantages
+from experiments.format_speed.layouts import OTHER, layout_of, layout_steps, plot_layouts, render_layouts, run_layouts, step_layouts
 from experiments.format_speed.results import analyse, run_curves
 from experiments.format_speed.runs import heavy_lock, run_overrides
 from experiments.format_speed.tokens import call_spans, token_roles
@@ -231,6 +233,55 @@ def test_diagnostic_skips_dumps_without_relevance_and_undecodable_calls():
     broken = GOOD[:12] + ["}", "<|im_end|>"]
     dump = _dump([GOOD, broken], [[1, 1], [0, 0]], torch.ones(2, 2, len(GOOD)))
     assert [r["sample"] for r in dump_records(dump, 0.5)] == [0]
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+
+
+def _layout_dump(step, frames, fmt):
+    """A dump of len(frames) responses in groups of 2: the instruction of each frame, its format score."""
+    n = len(frames)
+    return {"step": step, "reward_names": ["correctness", "format"], "uid": [f"g{i // 2}" for i in range(n)],
+            "scores": torch.tensor([[3.0, f] for f in fmt]), "response_mask": torch.ones(n, 2),
+            "contexts": [{"format": {"text": builder.FRAMES[fr] if fr in builder.FRAMES else fr, "placement": "prompt"},
+                          "correctness": {"text": "ref", "placement": "appended"}} for fr in frames]}
+
+
+def test_layouts_per_instruction_and_groups_with_format_variance():
+    assert [layout_of(builder.FRAMES[k]) for k in sorted(builder.FRAMES)] == sorted(builder.FRAMES)
+    assert layout_of("Reply with the call as JSON.") == OTHER and layout_of(None) == OTHER
+    # groups: (call 1, call 1) agree; (response 0, response 1) varies; (call 0, response NaN): the NaN left out
+    d = _layout_dump(4, ["call", "call", "call_response", "call_response", "call", "call_response"],
+                     [1, 1, 0, 1, 0, float("nan")])
+    r = step_layouts(d)
+    assert r["step"] == 4 and r["responses"] == 5 and r["groups"] == 3 and r["groups_with_format_variance"] == 1
+    assert r["format_by_layout"] == {"call": pytest.approx(2 / 3), "call_response": 0.5}
+    assert r["n_by_layout"] == {"call": 3, "call_response": 2}
+    # a policy that writes the default layout whatever the instruction: no group varies
+    stuck_dump = _layout_dump(9, ["call", "call", "call_response", "call_response"], [1, 1, 0, 0])
+    stuck = step_layouts(stuck_dump)
+    assert stuck["groups_with_format_variance"] == 0 and stuck["format_by_layout"] == {"call": 1.0, "call_response": 0.0}
+    # no contexts, or no format reward: nothing to say
+    assert step_layouts({**d, "contexts": None}) is None
+    assert step_layouts({**d, "reward_names": ["a", "b"]}) is None
+    assert [x["step"] for x in run_layouts([stuck_dump, {**d, "contexts": []}, d])] == [4, 9]
+    assert layout_steps(30, 10) == [1, 11, 21, 30] and layout_steps(5, 10) == [1, 5]
+
+
+def test_render_layouts_shows_known_layouts_only(tmp_path):
+    d1 = _layout_dump(1, ["call", "call", "call_response", "call_response"], [1, 0, 0, 0])
+    d2 = _layout_dump(2, ["call", "call", "call_response", "call_response"], [1, 1, 1, 0])
+    run = {"ok": True, "curves": {"format": {"first_reach": None}}, "layouts": run_layouts([d1, d2])}
+    lines = render_layouts({("mrtpo", 3): run}, steps=2, after_steps=10, threshold=0.8)
+    assert "| mrtpo | 3 | – | 0.50 / 0.00 (1/2) | 1.00 / 0.50 (1/2) |" in lines
+    plot_layouts({("mrtpo", 3): run, ("gdpo", 3): {**run, "layouts": []}}, ["gdpo", "mrtpo"], tmp_path / "l.png")
+    assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
+    other = _layout_dump(1, ["Reply with the call.", "Reply with the call."], [1, 0])
+    control = {("mrtpo", 0): {**run, "layouts": run_layouts([other])}}
+    assert control[("mrtpo", 0)]["layouts"][0]["format_by_layout"] == {OTHER: 0.5}
+    assert render_layouts(control, 2, 10, 0.8) == []
+    plot_layouts(control, ["mrtpo"], tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
 
 
 # --------------------------------------------------------------------------------------------- results
