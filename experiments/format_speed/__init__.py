@@ -37,11 +37,12 @@ Then (:mod:`.results`) per method, mean and spread over seeds: the steps until t
 running mean first reaches ``--threshold``, the format rate after ``--after`` steps, the format and
 correctness curves, and from the replay runs' dumps the share of q_format on the tag tokens and the
 mechanism's diagnostic (:mod:`.diagnostic`): on tag tokens, how often GDPO's and MRTPO's summed advantage
-has the sign of the format advantage (:mod:`.tokens` says which tokens are tag tokens). Writes
-``OUT/results.md``, ``OUT/results.json``, ``OUT/curves.png``, ``OUT/diagnostic.png`` (and copies them to
-``--docs``). Finished runs are kept: an interrupted experiment resumes; ``--analyse-only`` only rebuilds
+has the sign of the format advantage (:mod:`.tokens` says which tokens are tag tokens); where the
+instruction names a layout, the format rate under each instruction and the prompt groups whose format
+varies, per step (:mod:`.layouts`). Writes ``OUT/results.md``, ``OUT/results.json``, ``OUT/curves.png``,
+``OUT/diagnostic.png``, ``OUT/layouts.png`` (and copies them to ``--docs``). Finished runs are kept: an interrupted experiment resumes; ``--analyse-only`` only rebuilds
 the outputs.
 
 Modules: :mod:`.common`, :mod:`.warm_start`, :mod:`.runs`, :mod:`.tokens`, :mod:`.diagnostic`,
-:mod:`.preflight`, :mod:`.results`, :mod:`.cli` (``main``).
+:mod:`.layouts`, :mod:`.preflight`, :mod:`.results`, :mod:`.cli` (``main``).
 """
