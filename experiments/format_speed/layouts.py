@@ -116,7 +116,7 @@ def plot_layouts(per_run: dict, methods: Sequence[str], path: Path) -> None:
     shown = [m for m in methods if any(e["ok"] and e.get("layouts") for (mm, _), e in per_run.items() if mm == m)]
     if not layouts or not shown:
         return
-    fig = Figure(figsize=(5 * len(shown), 3.8), dpi=110, layout="constrained")
+    fig = Figure(figsize=(5 * len(shown) + 1.6, 3.8), dpi=110, layout="constrained")
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     styles = ["-", "--", ":", "-."]
     for ax, method in zip(axes, shown):
@@ -125,10 +125,10 @@ def plot_layouts(per_run: dict, methods: Sequence[str], path: Path) -> None:
             for name, ls in zip(layouts, styles):
                 pts = [(r["step"], r["format_by_layout"][name]) for r in e.get("layouts") or [] if name in r["format_by_layout"]]
                 if pts:
-                    ax.plot(*zip(*pts), color=color, ls=ls, lw=1.2, label=f"seed {seed}: {name}")
+                    ax.plot(*zip(*pts), color=color, ls=ls, lw=1.2, label=f"seed {seed}: {name}" if ax is axes[0] else None)
         ax.set_title(f"{method}: format rate under each instruction", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=6, ncol=2)
+    fig.legend(loc="outside right upper", fontsize=6)  # one colour per seed, one line style per instruction
     fig.savefig(path)
 
