@@ -18,7 +18,7 @@ before the call) of:
 - ``verl_logprob_x2``: the same on both tensors (the replay has two forwards' logits).
 
 It prints the ratios replay_js / verl_logprob and replay_js / verl_logprob_x2 (and compiled_js /
-verl_logprob). Goals (README, "Performance"): JS time <= 3x the log-prob extraction; the JS's peak extra
+verl_logprob). Goals (docs/performance.md): JS time <= 3x the log-prob extraction; the JS's peak extra
 memory flat in T (one chunk). Run from the repository root with the recipe installed (``pip install -e .``).
 """
 

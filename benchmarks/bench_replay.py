@@ -13,7 +13,7 @@ real 151,936 vocabulary) and the same batch of ``--rows`` responses, it times in
   micro-batch = NV.
 
 It prints ``replay / old_log_prob`` and that ratio divided by NV (the cost per variant relative to
-one log-prob pass). Goal (README, "Performance"): ratio <= 1.1 x NV, i.e. the JS costs little beyond the
+one log-prob pass). Goal (docs/performance.md): ratio <= 1.1 x NV, i.e. the JS costs little beyond the
 forwards. Run from the repository root with the recipe installed (``pip install -e .``).
 
 ``--mix``: the batch users run, one row per response length from 64 to 2048 tokens in the same batch,

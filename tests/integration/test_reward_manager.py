@@ -14,7 +14,7 @@ FORMAT = "Reply with one word in lowercase."
 
 
 def score_one_word(response, ground_truth, extra_info=None):
-    """The README's example task: a format reward (prompt context) and an answer reward (appended)."""
+    """The example task of docs/design.md §2: a format reward (prompt context) and an answer reward (appended)."""
     words = response.split()
     fmt = float(len(words) == 1 and response.strip().islower())
     ans = float(response.strip().lower() == str(ground_truth["answer"]).lower())

@@ -1,7 +1,7 @@
 """The benchmarks run at a tiny size on CPU and print their tables with the ratio columns.
 
 Only the shape of the output is checked (one row per size, finite positive ratios); timings depend on the
-machine and are not asserted. The full-size runs and their figures are in the README ("Performance").
+machine and are not asserted. The full-size runs and their figures are in docs/performance.md.
 """
 
 from __future__ import annotations
