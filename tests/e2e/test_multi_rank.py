@@ -47,12 +47,12 @@ def two_rank_cpu_overrides() -> list[str]:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 300)
-def test_mrtpo_two_actor_ranks_uneven_replay(tiny_qwen2_dir, if_train_parquet, tmp_path, monkeypatch):
+def test_mrtpo_two_actor_ranks_uneven_replay(tiny_task_qwen2_dir, if_train_parquet, tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "cpu_overrides", two_rank_cpu_overrides)  # run_cpu appends these last
     dump_dir = tmp_path / "dumps"
     steps = 4
     ov = [
-        *launcher.tiny_run_overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", steps),
+        *launcher.tiny_run_overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path, "mrtpo", steps),
         # 4 prompts x 3 responses, 6 a rank: micro-batches that divide a rank's share (later overrides win)
         "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",

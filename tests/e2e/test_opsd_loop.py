@@ -25,9 +25,9 @@ TOPK = 8
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
-def test_opsd_two_steps(tiny_qwen2_dir, if_train_parquet, tmp_path):
+def test_opsd_two_steps(tiny_task_qwen2_dir, if_train_parquet, tmp_path):
     extra = ["trainer.save_freq=-1", "mrtpo.mode=opsd", f"mrtpo.opsd_topk={TOPK}"]
-    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_qwen2_dir, if_train_parquet, tmp_path, "gdpo", 2, lr=1.0), *extra],
+    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path, "gdpo", 2, lr=1.0), *extra],
                   tmp_path / "run", TIMEOUT_S)
     assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
     assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"
@@ -61,15 +61,11 @@ def test_opsd_two_steps(tiny_qwen2_dir, if_train_parquet, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
-def test_opsd_privileged_text2sql_step_with_the_k3_estimator(tiny_qwen2_dir, chinook_train_parquet, tmp_path):
-    """One step on text-to-SQL prompts (~800 tokens of schema): the teacher reads the gold SQL the student does
+def test_opsd_privileged_text2sql_step_with_the_k3_estimator(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):
+    """One step on text-to-SQL prompts (the schema, a few hundred tokens of the task vocabulary): the teacher reads the gold SQL the student does
     not, through verl's single-sample k3 estimator on the sampled token."""
-    # ~830-token sequences x V = 151,936: verl's old_log_prob and update hold [micro-batch tokens, V] fp32 logits,
-    # so micro-batches of 2 sequences (~1 GiB) instead of the whole batch (~8 GiB, twice with the log-softmax)
-    extra = ["trainer.save_freq=-1", "mrtpo.mode=opsd", "mrtpo.opsd_loss_mode=k3", "data.max_prompt_length=1024",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-             "mrtpo.replay_micro_batch_size=4"]
-    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_qwen2_dir, chinook_train_parquet, tmp_path, "gdpo", 1), *extra],
+    extra = ["trainer.save_freq=-1", "mrtpo.mode=opsd", "mrtpo.opsd_loss_mode=k3", "data.max_prompt_length=1024"]
+    res = run_cpu("recipe.mrtpo.main_mrtpo", [*tiny_run_overrides(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path, "gdpo", 1), *extra],
                   tmp_path / "run", TIMEOUT_S)
     assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
     assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"

@@ -23,14 +23,11 @@ TIMEOUT_S = 600
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
-def test_rlsd_two_steps_on_text2sql(tiny_qwen2_dir, chinook_train_parquet, tmp_path):
+def test_rlsd_two_steps_on_text2sql(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):
     rlsd = get("rlsd")
-    # ~830-token sequences x V = 151,936: micro-batches of 2 sequences (as the OPSD text-to-SQL e2e test)
-    extra = [*rlsd.overrides[1:], "trainer.save_freq=-1", "data.max_prompt_length=1024",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-             "mrtpo.replay_micro_batch_size=4"]
+    extra = [*rlsd.overrides[1:], "trainer.save_freq=-1", "data.max_prompt_length=1024"]
     res = run_cpu("recipe.mrtpo.main_mrtpo",
-                  [*tiny_run_overrides(tiny_qwen2_dir, chinook_train_parquet, tmp_path, rlsd.estimator, 2, lr=1.0), *extra],
+                  [*tiny_run_overrides(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path, rlsd.estimator, 2, lr=1.0), *extra],
                   tmp_path / "run", TIMEOUT_S)
     assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
     assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"
