@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test ids
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (run_scripts/test.sh: two workers, --dist loadgroup) the end-to-end runs go to one
     # worker, one at a time, in collection order: each is a process tree of ~8-13 GiB that takes both cores
