@@ -9,6 +9,6 @@ cd "$ROOT"
 bash run_scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$ROOT/.venv/bin/ruff" check "$ROOT"
-# Two workers on two cores: the end-to-end runs (tests/conftest.py: one xdist group, one at a time) wait on
+# Two workers on two cores: the end-to-end runs (tests/conftest.py: all on one worker, one at a time) wait on
 # their subprocesses much of the time, and the other worker runs the rest of the suite meanwhile.
-exec "$ROOT/.venv/bin/python" -m pytest -n "${MRTPO_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -n "${MRTPO_TEST_WORKERS:-2}" "$@"

@@ -10,15 +10,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test ids
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (run_scripts/test.sh: two workers) every test of ``tests/e2e`` goes to one worker, one
+    at a time, in collection order: each is a process tree of 7-12 GiB that takes both cores at moments, so two
+    at once would not fit the machine; the other worker runs the rest of the suite beside them. (xdist's own
+    ``--dist loadgroup`` renames test ids to group them, which pytest 9 no longer lets a plugin do.)"""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneE2EWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return OneE2EWorker(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (run_scripts/test.sh: two workers, --dist loadgroup) the end-to-end runs go to one
-    # worker, one at a time, in collection order: each is a process tree of ~8-13 GiB that takes both cores
-    # at moments, so two at once would not fit the machine; the other worker runs everything else beside them.
-    group = pytest.mark.xdist_group(name="e2e")
-    for item in items:
-        if "e2e" in item.keywords:
-            item.add_marker(group)
     try:
         import torch
 
