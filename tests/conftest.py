@@ -26,6 +26,18 @@ def pytest_xdist_make_scheduler(config, log):
     return OneE2EWorker(config, log)
 
 
+def _utf8_safe(text):
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report):
+    """A worker sends each report to the controller as UTF-8 (execnet); the hostile corpora's lone surrogates
+    reach a report through the captured log (third-party checkers log the text they reject), which would end
+    the whole session. Escaped here, before xdist serialises the report; the test's outcome is untouched."""
+    report.sections = [(title, _utf8_safe(content)) for title, content in report.sections]
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

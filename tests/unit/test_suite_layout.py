@@ -65,3 +65,18 @@ def test_two_workers_run_every_e2e_test_on_one_of_them(tmp_path):
     e2e_workers = {w for kind, w in rows if kind == "e2e"}
     assert len([r for r in rows if r[0] == "e2e"]) == 8 and len(e2e_workers) == 1, rows
     assert {w for kind, w in rows} == {"gw0", "gw1"}, rows  # the other worker ran tests too
+
+
+def test_a_report_with_lone_surrogates_reaches_the_controller(tmp_path):
+    """A test whose captured log holds a lone surrogate (as the hostile corpora make third-party checkers log)
+    passes under two workers instead of ending the session with xdist's UTF-8 error."""
+    pytest.importorskip("xdist", reason="pytest-xdist is in requirements-cpu.txt; the check needs it")
+    (tmp_path / "tests").mkdir()
+    shutil.copy(TESTS / "conftest.py", tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_s.py").write_text(
+        'import logging\n\ndef test_logs_a_surrogate():\n    logging.getLogger().warning("text \\udc98 here")\n\n'
+        'def test_other():\n    pass\n')
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: toy\n    gpu: toy\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
