@@ -21,7 +21,7 @@ from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.passes import response_lengths
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
-from recipe.mrtpo.methods import replay_pass_of
+from recipe.mrtpo.methods.registry import replay_pass_of
 from recipe.mrtpo.pass_driver import balanced_order, pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 

@@ -155,10 +155,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``opsd_loss.py``)."""
+        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``methods/opsd/loss.py``)."""
         from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
-        from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY
-        from recipe.mrtpo.opsd_loss import opsd_loss_fn, settings_key
+        from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
+        from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key
 
         settings = tu.pop(data, key=LOSS_SETTINGS_KEY, default=None)
         installed = getattr(self, "_opsd_loss_key", None)
@@ -177,10 +177,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
 
 def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
-    """This rank's rows through :func:`recipe.mrtpo.core.opsd.teacher_topk_rows` (the trainer-free part of
-    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``opsd_driver.TEACHER_SETTINGS``)."""
-    from recipe.mrtpo.core.opsd import teacher_topk_rows
-    from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+    """This rank's rows through :func:`recipe.mrtpo.methods.opsd.teacher.teacher_topk_rows` (the trainer-free part of
+    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``methods.opsd.driver.TEACHER_SETTINGS``)."""
+    from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
+    from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
     settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn)
     out = teacher_topk_rows(

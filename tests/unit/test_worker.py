@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.replay import hf_forward
-from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
 from recipe.mrtpo.worker import REPLAY_SETTINGS, MRTPOActorRolloutRefWorker, opsd_teacher_rows, replay_rows
 
 SETTINGS = {

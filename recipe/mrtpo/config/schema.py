@@ -16,9 +16,10 @@ from verl.base_config import BaseConfig
 
 from recipe.mrtpo.core.advantage import REWARD_WEIGHTINGS  # noqa: F401  (re-exported: the choices live with the maths)
 from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
-from recipe.mrtpo.methods import modes
 
-MODES = modes()  # mrtpo.mode's values: those of the methods registry
+#: mrtpo.mode's values: the ``mode`` of the methods registry's entries (recipe/mrtpo/methods/; the registry
+#: validates against this config, never the other way: tests/unit/test_advantage.py checks the two agree)
+MODES = ("mrtpo", "cort", "opsd", "rlsd")
 #: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
 #: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
