@@ -7,8 +7,8 @@ A method is what ``ALGO=<name>`` selects in the run scripts and what a report ro
   selectors ``mode`` / ``shuffle``); :func:`resolve` maps a composed config back to exactly one entry;
 - ``reads``: the ``mrtpo.*`` knobs it reads. A knob another method reads, set to anything but its
   default, is refused with the knob and the method named (it would do nothing);
-- ``replay``: the replay pass it needs (:class:`ReplayPass`: which prompts it forwards, whose log-probs it
-  returns), or None;
+- ``replay``: the replay pass it needs (:class:`ReplayPass`: which prompts it forwards, on the actor or on
+  verl's reference policy), or None;
 - ``strength``: the schedule of its token-level part (MRTPO's beta_s, RLSD's lambda_s); the replay runs
   only when it is > 0 (at 0 the method is GDPO exactly, so nothing is replayed);
 - ``advantage``: the token advantage from the step's inputs (:class:`AdvantageInputs`), or None for

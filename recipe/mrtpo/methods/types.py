@@ -21,16 +21,42 @@ STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays
 PASS_KNOBS = ("max_replay_prompt_length",)
 
+#: the prompts a replay pass forwards (``ReplayPass.variants``)
+PASS_VARIANTS = ("per_reward", "joint", "p_all")
+
+
 @dataclass(frozen=True)
 class ReplayPass:
-    """What a method needs from the replay (``replay_driver.run_replay``)."""
+    """What a method needs from the replay (``replay_driver.run_replay``).
 
-    joint: bool = False  # CoRT's one P_none variant per sample instead of one P_minus_k per reward
+    ``variants``: ``per_reward``: P_all and one P_minus_k per reward whose group varies (MRTPO, shuffle);
+    ``joint``: P_all and CoRT's one P_none per sample; ``p_all``: the teacher prompt alone (P_all, or the
+    rollout prompt where P_all cannot be built), its log-probs of the sampled tokens returned, no relevance
+    (RLSD). ``reference``: ``cfg -> bool``, True where the pass runs through verl's reference policy (the
+    initial policy) instead of the actor; such a pass is never fused with verl's old_log_prob step.
+    """
+
+    variants: str = "per_reward"
     measure: Optional[str] = None  # the worker's measure; None: ``mrtpo.measure``
-    p_all_logprobs: bool = False  # return log p(y | P_all) of every replayed row (else the rollout prompt's)
+    reference: Optional[Callable[[Any], bool]] = None
+
+    def __post_init__(self) -> None:
+        if self.variants not in PASS_VARIANTS:
+            raise ValueError(f"ReplayPass.variants must be one of {PASS_VARIANTS}, got {self.variants!r}")
+
+    @property
+    def joint(self) -> bool:
+        return self.variants == "joint"
+
+    @property
+    def p_all_only(self) -> bool:
+        return self.variants == "p_all"
 
     def measure_of(self, cfg) -> str:
         return self.measure or cfg.measure
+
+    def on_reference(self, cfg) -> bool:
+        return bool(self.reference(cfg)) if self.reference is not None else False
 
 
 @dataclass(frozen=True)
@@ -94,7 +120,8 @@ class Method:
     shuffle: bool = False  # mrtpo.shuffle
     reads: tuple[str, ...] = ()
     replay: Optional[ReplayPass] = None
-    strength: Optional[Callable[[Any, int], float]] = None  # (MRTPOConfig, completed steps) -> the schedule
+    # (MRTPOConfig, completed training steps, the composed config) -> the schedule of the token-level part
+    strength: Optional[Callable[[Any, int, Any], float]] = None
     advantage: Optional[Callable[[AdvantageInputs], tuple]] = None
     after_step: Optional[Callable[[StepContext], Any]] = None  # a GlueRef (or any callable)
     checks: tuple[Callable[[Any, Method, Any], None], ...] = field(default=())  # (config, method, MRTPOConfig)
