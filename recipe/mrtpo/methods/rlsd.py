@@ -124,7 +124,8 @@ def check_rlsd_teacher(config, method: Method, cfg) -> None:
 
 
 RLSD = Method(
-    "rlsd", "RLSD: GDPO's advantage x clip(exp(sign(A) (log p_T(y|P_all) - log p(y|prompt)))) per token (§1.8)", "gdpo",
+    "rlsd", "RLSD: GDPO's final advantage times a clipped token weight from log p_T(y|P_all) - log p(y|prompt) (§1.8)",
+    "gdpo",
     mode="rlsd", reads=(*STEP_KNOBS, *PASS_KNOBS, *RLSD_KNOBS),
     replay=ReplayPass(variants="p_all", reference=initial_teacher), strength=rlsd_strength,
     advantage=rlsd_advantage, checks=(check_per_reward_step, check_module_forward, check_rlsd_teacher),
