@@ -9,7 +9,7 @@
 #
 # Environment (all optional):
 #   ALGO             the method (default mrtpo), one of `python3 -m recipe.mrtpo.methods names`; its overrides
-#                    come from the methods registry (recipe/mrtpo/methods.py, `python3 -m recipe.mrtpo.methods` lists
+#                    come from the methods registry (recipe/mrtpo/methods/, `python3 -m recipe.mrtpo.methods` lists
 #                    them) and switch only what differs:
 #                      grpo    algorithm.adv_estimator=grpo   (one summed reward, verl's GRPO)
 #                      gdpo    algorithm.adv_estimator=gdpo   (per-reward group normalisation, no replay)

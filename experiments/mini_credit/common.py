@@ -8,7 +8,7 @@ from recipe.mrtpo.methods import Method, get
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: the compared methods (entries of the recipe's registry, recipe/mrtpo/methods.py)
+#: the compared methods (entries of the recipe's registry, recipe/mrtpo/methods/)
 METHODS: dict[str, Method] = {name: get(name) for name in ("grpo", "gdpo", "mrtpo", "shuffle")}
 #: the methods that replay the prompts, and so write relevance dumps
 REPLAY_METHODS = tuple(name for name, m in METHODS.items() if m.replay is not None)

@@ -2,8 +2,9 @@
 
 The maths lives in ``core/`` (torch and numpy only): ``relevance`` (the per-token Jensen-Shannon between two
 prompt variants), ``advantage`` (relevance weights, the MRTPO/GDPO token advantage, SAW/DVAO reward
-weighting, RLSD's reweight), ``replay`` and ``opsd`` (the worker-side passes). ``methods`` is the registry of
-the compared methods (GRPO, GDPO, MRTPO, CoRT, shuffle, OPSD, RLSD). The verl coupling sits in its own thin
+weighting, RLSD's reweight), ``replay`` and ``passes`` (the worker-side passes). ``methods`` is the package of
+the compared methods (GRPO, GDPO, MRTPO, CoRT, shuffle, OPSD, RLSD): their registry and, one module per method
+or family, each one's advantage, pass needs and hook (OPSD's teacher pass and loss). The verl coupling sits in its own thin
 modules: the ``mrtpo`` reward manager, the trainer (verl's v1 sync trainer registered as ``mrtpo``, its
 advantage step overridden), the actor worker (verl's plus the replay and teacher passes), the entry point
 ``main_mrtpo`` and the guarded re-statement of verl's step, ``verl_seam``.

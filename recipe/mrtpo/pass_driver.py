@@ -53,11 +53,12 @@ def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
     return m
 
 
-def token_budget(config) -> int:
+def token_budget(config, reference: bool = False) -> int:
     """A pass's tokens per forward: verl's log-prob budget (``log_prob_max_token_len_per_gpu`` under
-    ``log_prob_use_dynamic_bsz``), else 0 (``mrtpo.replay_micro_batch_size`` sequences per forward)."""
-    rollout = config.actor_rollout_ref.rollout
-    return int(rollout.get("log_prob_max_token_len_per_gpu", 0) or 0) if rollout.get("log_prob_use_dynamic_bsz", False) else 0
+    ``log_prob_use_dynamic_bsz``: the rollout group's for the actor, the ``ref`` group's for a pass on the
+    reference policy), else 0 (``mrtpo.replay_micro_batch_size`` sequences per forward)."""
+    group = config.actor_rollout_ref.ref if reference else config.actor_rollout_ref.rollout
+    return int(group.get("log_prob_max_token_len_per_gpu", 0) or 0) if group.get("log_prob_use_dynamic_bsz", False) else 0
 
 
 def dispatch_rows(method, inputs: dict, settings: dict) -> dict:

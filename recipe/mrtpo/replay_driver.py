@@ -1,9 +1,11 @@
-"""The driver's side of one replay: plan it, hand it to the actor workers, map the answer back.
+"""The driver's side of one replay: plan it, hand it to the workers, map the answer back.
 
-:func:`run_replay` is what the trainer's advantage step calls for ``adv_estimator=mrtpo``: it plans the
-pairs to replay (``core.replay_plan``, ``docs/design.md`` §1.2 and §2), pads the packed rows to the
-data-parallel size, orders them so that each rank's contiguous share holds similar tokens, calls ``dispatch`` (the worker group's ``compute_replay_relevance``, or any function
-with the same contract in tests), maps the workers' compact answer (one half-precision relevance row per
+:func:`run_replay` is what the trainer's advantage step calls for a method with a replay pass (its entry's
+:class:`~recipe.mrtpo.methods.types.ReplayPass`): it plans the pairs to replay (``core.replay_plan``,
+``docs/design.md`` §1.2 and §2; RLSD's pass plans the teacher prompt alone), pads the packed rows to the
+data-parallel size, orders them so that each rank's contiguous share holds similar tokens, calls ``dispatch``
+(the actor worker group's ``compute_replay_relevance``; ``compute_ref_replay`` for a pass on verl's reference
+policy; or any function with the same contract in tests), maps the workers' compact answer (one half-precision relevance row per
 replayed variant, §5) to rewards, and returns a :class:`ReplayResult`. No verl import: the trainer
 passes the worker call and the chat-template renderer in.
 """
@@ -20,8 +22,8 @@ import torch
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.passes import response_lengths
 from recipe.mrtpo.core.replay import expand_relevance
-from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
-from recipe.mrtpo.methods import replay_pass_of
+from recipe.mrtpo.core.replay_plan import build_p_all_plan, build_replay_plan, pad_rows, q_mass_top_share
+from recipe.mrtpo.methods.registry import replay_pass_of
 from recipe.mrtpo.pass_driver import balanced_order, pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 
@@ -40,6 +42,8 @@ class ReplayResult:
     rows: list[int] = field(default_factory=list)  # sample index of each replayed row
     replay_logprobs: Optional[torch.Tensor] = None  # [R, T]: log p(y_t | the row's rollout-prompt variant, else P_all)
     logprobs_are_rollout_prompt: list[bool] = field(default_factory=list)  # per replayed row
+    privileged: list[bool] = field(default_factory=list)  # per row of a P_all-only pass: P_all differs from the rollout prompt
+    reference: bool = False  # the pass ran on verl's reference policy: its log-probs are not the actor's
     metrics: dict = field(default_factory=dict)
     # the fused old_log_prob step (``run_replay(fused=True)``): verl's old_log_probs and entropy of every sample
     # [B, T] fp32 (0 where masked), from the replay's own forwards where a replayed variant is the rollout prompt
@@ -56,7 +60,7 @@ class ReplayResult:
         bf16 of the order of 0.1-1 at the max over ~1e6 tokens (a long tail: the mean and p99 are far
         smaller), because the two forwards batch and pad the sequences differently.
         """
-        if not self.rows or self.replay_logprobs is None or old_log_probs is None:
+        if not self.rows or self.replay_logprobs is None or old_log_probs is None or self.reference:
             return {}
         if self.old_log_probs is not None:
             # fused: old_log_probs of these rows ARE the replay's log-probs, nothing left to compare here (verl's
@@ -108,13 +112,23 @@ def run_replay(
     """
     t0 = time.perf_counter()
     spec = replay_pass_of(cfg)  # what the method's entry asks of the replay (recipe.mrtpo.methods)
-    plan = build_replay_plan(
-        table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
-        max_prompt_length=cfg.max_replay_prompt_length, joint=spec.joint, pad_id=pad_id,
-        rollout_prompts=rollout_prompts,
-    )
+    reference = spec.on_reference(cfg)
+    if reference and fused:
+        raise ValueError("a pass on verl's reference policy cannot give verl's old_log_probs (fused=True)")
+    if spec.p_all_only:  # the teacher prompt alone, its log-probs (RLSD)
+        plan = build_p_all_plan(
+            len(table.names), table.contexts, messages, responses, response_mask, render, rollout_prompts,
+            max_prompt_length=cfg.max_replay_prompt_length, pad_id=pad_id, every_row=reference,
+        )
+    else:
+        plan = build_replay_plan(
+            table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
+            max_prompt_length=cfg.max_replay_prompt_length, joint=spec.joint, pad_id=pad_id,
+            rollout_prompts=rollout_prompts,
+        )
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
-    result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows))
+    result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows),
+                          privileged=list(plan.privileged), reference=reference)
     result.metrics.update(plan.metrics())
     # which forwarded variant of each row is the rollout prompt (P_all for prompt-placed Z, tool calling's
     # P_minus_correctness when only the appended block differs): its log-probs are verl's old_log_probs
@@ -122,10 +136,10 @@ def run_replay(
     for r, _i in enumerate(plan.rows):
         v = plan.rollout_variant[r]
         forwarded = v == 0 or v in set(plan.inputs["pair_variant"][r].tolist())
-        if spec.p_all_logprobs:  # the method needs log p(y | P_all) itself (RLSD): variant 0 on every row
+        if spec.p_all_only:  # the row's one variant, the teacher prompt: its log-probs on every row
             v, forwarded = (0, True) if v == 0 else (-1, False)
         lp_variant[r] = v if v >= 0 and forwarded else 0
-        result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded)
+        result.logprobs_are_rollout_prompt.append(v >= 0 and forwarded and not reference)
     inputs = {**plan.inputs, "logprob_variant": lp_variant}
     rows = list(plan.rows)
     if fused:  # every sample whose old_log_probs no replayed row yields: one row of its rollout prompt

@@ -3,8 +3,9 @@
 ``@register_trainer("mrtpo")`` (selected with ``trainer.v1.trainer_mode=mrtpo``, which the recipe's config
 sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are verl's own loop. Changed:
 
-1. the actor role runs :class:`recipe.mrtpo.worker.MRTPOActorRolloutRefWorker` (verl's worker plus the
-   replay and OPSD-teacher passes), chosen where verl chooses the worker class (``_init_resource_pool_mgr``);
+1. the actor role (and a standalone reference role) runs :class:`recipe.mrtpo.worker.MRTPOActorRolloutRefWorker`
+   (verl's worker plus the replay and OPSD-teacher passes, and the replay on the reference model), chosen where
+   verl chooses the worker class (``_init_resource_pool_mgr``);
 2. ``_compute_advantage``, for the run's method (:mod:`recipe.mrtpo.methods`, resolved once from the config):
    fetch the step's inputs once, read the per-reward scores and contexts the ``mrtpo`` reward manager left in
    TransferQueue (the reward table), run the method's replay pass when its schedule is > 0, compute its token
@@ -13,7 +14,9 @@ sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are v
    (verl's own ``gdpo`` cannot run on the v1 path: its step fetches no reward extras.)
 
 The step is s = global_steps - 1 (completed steps); verl restores ``global_steps`` from the checkpoint on
-resume, so the schedules (beta_s, RLSD's lambda) continue where they stopped (§1.4).
+resume, so the schedules (beta_s, RLSD's lambda) continue where they stopped (§1.4). A method whose pass runs
+on verl's reference policy (RLSD's initial teacher, ``ReplayPass.on_reference``) dispatches it to the reference
+worker group's ``compute_ref_replay``, with the reference's data-parallel size and token budget (§1.8).
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ class MRTPOTrainer(PPOTrainerSync):
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        for role in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor):
+        for role in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy):
             cls = self.role_worker_mapping.get(role)
             if cls is not None and getattr(cls, "__ray_actor_class__", None) is ActorRolloutRefWorker:
                 self.role_worker_mapping[role] = ray.remote(MRTPOActorRolloutRefWorker)
@@ -216,13 +219,15 @@ class MRTPOTrainer(PPOTrainerSync):
     def _strength(self) -> float:
         """The method's schedule (beta_s, lambda_s) at this step, s = completed steps; 0 for a method without one."""
         method = self.method
-        return method.strength(self.mrtpo, max(0, int(self.global_steps) - 1)) if method.strength is not None else 0.0
+        step = max(0, int(self.global_steps) - 1)
+        return method.strength(self.mrtpo, step, self.config) if method.strength is not None else 0.0
 
     def _fuses_old_log_prob(self) -> bool:
         """Whether this step's replay runs in the old_log_prob step (its forwards give verl's old_log_probs):
         exactly when the advantage step will replay (the method has a replay pass and its strength at this
-        step is > 0, as ``_compute_advantage`` decides) and verl recomputes the log-probs (not its bypass mode)."""
-        if self.method.replay is None or self._strength() <= 0:
+        step is > 0, as ``_compute_advantage`` decides), the pass runs on the actor (not verl's reference
+        policy) and verl recomputes the log-probs (not its bypass mode)."""
+        if self.method.replay is None or self._strength() <= 0 or self.method.replay.on_reference(self.mrtpo):
             return False
         corr = self.config.algorithm.get("rollout_correction", None)
         return not (corr and corr.get("bypass_mode", False))
@@ -269,11 +274,14 @@ class MRTPOTrainer(PPOTrainerSync):
             render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
             encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"],
         )
+        on_ref = self.method.replay.on_reference(self.mrtpo)
         result = run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
-            rollout_prompts=_rows(meta["prompts"]), render=render, dispatch=self._dispatch_replay,
-            dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
-            pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=token_budget(self.config), fused=fused,
+            rollout_prompts=_rows(meta["prompts"]), render=render,
+            dispatch=self._dispatch_reference if on_ref else self._dispatch_replay,
+            dp_size=self._dp_size("ref" if on_ref else "actor"),
+            temperature=float(self.config.actor_rollout_ref.rollout.temperature), pad_id=int(self.tokenizer.pad_token_id or 0),
+            token_budget=token_budget(self.config, reference=on_ref), fused=fused,
         )
         result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
@@ -282,11 +290,25 @@ class MRTPOTrainer(PPOTrainerSync):
     def _dispatch_replay(self, inputs: dict, settings: dict) -> dict:
         return dispatch_rows(self.actor_rollout_wg.compute_replay_relevance, inputs, settings)
 
+    def _reference_wg(self):
+        wg = getattr(self, "ref_policy_wg", None)
+        if wg is None:
+            raise RuntimeError("the pass runs on verl's reference policy, but verl built no reference worker "
+                               "(actor_rollout_ref.actor.use_kl_loss=True builds it; main_mrtpo.check_config refuses this)")
+        return wg
+
+    def _dispatch_reference(self, inputs: dict, settings: dict) -> dict:
+        return dispatch_rows(self._reference_wg().compute_ref_replay, inputs, settings)
+
+    def _dp_size(self, mesh: str = "actor") -> int:
+        """The data-parallel size of the actor's (``actor``) or the reference's (``ref``) mesh."""
+        wg = self._reference_wg() if mesh == "ref" else self.actor_rollout_wg
+        if mesh not in wg._dispatch_info:
+            wg._dispatch_info[mesh] = wg._query_dispatch_info(mesh)
+        return max(wg._dispatch_info[mesh]) + 1
+
     def _actor_dp_size(self) -> int:
-        wg = self.actor_rollout_wg
-        if "actor" not in wg._dispatch_info:
-            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
-        return max(wg._dispatch_info["actor"]) + 1
+        return self._dp_size("actor")
 
     # ------------------------------------------------------------------ dump
     def _maybe_dump(self, ab, table: RewardTable, replay, adv: torch.Tensor, beta_s: float, metrics: dict) -> None:

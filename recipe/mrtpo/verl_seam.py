@@ -148,7 +148,7 @@ def fetch_fields(batch, fields: list[str]):
 
 def write_fields(batch, fields: dict):
     """Other per-sample fields (nested over the batch) to TransferQueue, e.g. OPSD's ``teacher_logprobs`` /
-    ``teacher_ids`` (``opsd_step.py``). Returns verl's updated batch meta (every persisted field)."""
+    ``teacher_ids`` (``methods/opsd/step.py``). Returns verl's updated batch meta (every persisted field)."""
     return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(dict(fields), batch_size=len(batch)))
 
 

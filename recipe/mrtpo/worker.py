@@ -1,10 +1,13 @@
-"""The actor worker with the replay method (verl 0.9.1 ``ActorRolloutRefWorker`` + one method).
+"""The actor worker with the recipe's passes (verl 0.9.1 ``ActorRolloutRefWorker`` + three methods).
 
 ``compute_replay_relevance`` runs on the actor's own workers with the same data-parallel dispatch as
 ``compute_log_prob`` (``make_nd_compute_dataproto_dispatch_fn(mesh_name="actor")``): the trainer's
 rows are split across the DP ranks, each rank replays its rows through the FSDP module in eval mode
-without gradients, and the outputs are gathered back in order. The algorithm itself is
-:func:`recipe.mrtpo.core.replay.replay_relevance`; this class only binds it to verl's engine.
+without gradients, and the outputs are gathered back in order. ``compute_ref_replay`` is the same pass
+through verl's reference model (the initial policy), dispatched as ``compute_ref_log_prob`` (mesh
+``ref``): RLSD's initial teacher. ``compute_opsd_teacher`` is OPSD's teacher pass on the actor. The
+algorithm itself is :func:`recipe.mrtpo.core.replay.replay_relevance`; this class only binds it to verl's
+engines.
 """
 
 from __future__ import annotations
@@ -132,6 +135,15 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """
         return self._no_grad_pass(replay_rows, data, "the MRTPO replay")
 
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    def compute_ref_replay(self, data: TensorDict) -> TensorDict:
+        """:meth:`compute_replay_relevance` through verl's reference model, the policy at step 0 (RLSD's
+        ``mrtpo.rlsd_teacher=initial``: the log-probs of each row's teacher prompt). Dispatched as verl's
+        ``compute_ref_log_prob``; no grad, eval mode, the forward count agreed across the reference's ranks."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_replay: this worker holds no reference model (role without 'ref')")
+        return self._no_grad_pass(replay_rows, data, "the replay on the reference policy", engine=self.ref.engine)
+
     # ------------------------------------------------------------------ OPSD (docs/opsd.md)
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_opsd_teacher(self, data: TensorDict) -> TensorDict:
@@ -142,10 +154,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """
         return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
 
-    def _no_grad_pass(self, rows_fn, data: TensorDict, what: str) -> TensorDict:
-        """``rows_fn(forward, data, device, sync, attn)`` through the actor's FSDP module in eval mode, without
-        gradients (the shared body of the two passes above)."""
-        engine = self.actor.engine
+    def _no_grad_pass(self, rows_fn, data: TensorDict, what: str, engine=None) -> TensorDict:
+        """``rows_fn(forward, data, device, sync, attn)`` through an FSDP engine's module (the actor's unless
+        ``engine`` is given) in eval mode, without gradients (the shared body of the passes above)."""
+        engine = self.actor.engine if engine is None else engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
             raise NotImplementedError(f"{what} runs the plain module forward: ulysses sequence parallel > 1 is not supported")
@@ -155,10 +167,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``opsd_loss.py``)."""
+        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``methods/opsd/loss.py``)."""
         from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
-        from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY
-        from recipe.mrtpo.opsd_loss import opsd_loss_fn, settings_key
+        from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
+        from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key
 
         settings = tu.pop(data, key=LOSS_SETTINGS_KEY, default=None)
         installed = getattr(self, "_opsd_loss_key", None)
@@ -177,10 +189,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
 
 def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
-    """This rank's rows through :func:`recipe.mrtpo.core.opsd.teacher_topk_rows` (the trainer-free part of
-    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``opsd_driver.TEACHER_SETTINGS``)."""
-    from recipe.mrtpo.core.opsd import teacher_topk_rows
-    from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+    """This rank's rows through :func:`recipe.mrtpo.methods.opsd.teacher.teacher_topk_rows` (the trainer-free part of
+    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``methods.opsd.driver.TEACHER_SETTINGS``)."""
+    from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
+    from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
     settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn)
     out = teacher_topk_rows(

@@ -2,11 +2,12 @@
 
 Two steps on the Chinook text-to-SQL prompts, whose gold SQL and execution feedback are appended contexts, so
 every P_all differs from the rollout prompt. The method is resolved from the registry in the driver and again
-in Ray's task runner; with lambda_s = 0.5 from step 1 the replay plans P_all for every response of a group with
-reward variance, the advantage is GDPO's reweighted by the P_all / rollout-prompt log-prob gap, and verl's
-update trains on it. A random tiny model almost never writes a ```sql block, so its groups usually have no
-reward variance: then no row is replayed and RLSD is GDPO exactly (its advantage the GDPO one, the weights 1).
-The reweight against the worker's own P_all pass is pinned in tests/integration/test_advantage_step.py.
+in Ray's task runner; with lambda_s = 0.5 from step 1 and the live teacher, the replay's P_all-only pass runs
+fused with verl's old_log_prob step (each response under P_all and under its rollout prompt, one dispatch),
+for every response: GDPO's final advantage is then scaled per token by r in [1 - lambda eps, 1 + lambda eps],
+never changing its sign, and verl's update trains on it. A random tiny model almost never writes a ```sql
+block, so its groups usually have no reward variance: GDPO's advantage is then 0 and no weight acts (1).
+The reweight against the worker's own pass is pinned in tests/integration/test_advantage_step.py.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ def test_rlsd_two_steps_on_text2sql(tiny_task_qwen2_dir, chinook_train_parquet, 
         assert s["mrtpo/rlsd/lambda"] == 0.5 and "mrtpo/replay_skipped" not in s  # lambda_s > 0: the pass is planned
         for key in ("mrtpo/reward/format/mean", "mrtpo/reward/execution_match/mean", "actor/pg_loss", "mrtpo/adv_abs_mean"):
             assert key in s and math.isfinite(s[key]), f"{key} not logged: {sorted(s)}"
-        # every replayed row is privileged (the gold SQL block), and only rows of varying groups are replayed
-        rows = s["mrtpo/rlsd/rows_privileged"]
-        assert rows <= 16 and (rows > 0) == (s["mrtpo/pairs_replayed"] > 0)
+        # every response has a teacher row, and each one's P_all carries the gold SQL block; no P_minus / P_none
+        rows = s["mrtpo/rlsd/rows_teacher"]
+        assert 0 < rows <= 16 and s["mrtpo/rlsd/rows_privileged"] == rows and s["mrtpo/pairs_replayed"] == 0
+        assert s["mrtpo/replay_fused_old_log_prob"] == 1 and s["mrtpo/rlsd/sign_flips"] == 0
         assert 1 - 0.5 * 0.2 - 1e-6 <= s["mrtpo/rlsd/weight_min"] <= s["mrtpo/rlsd/weight_max"] <= 1 + 0.5 * 0.2 + 1e-6
-        if rows == 0:  # nothing to reweight: GDPO's advantage, unchanged
+        if s["mrtpo/adv_abs_mean"] == 0:  # no reward variance anywhere: GDPO's advantage is 0, no weight acts
             assert s["mrtpo/rlsd/weight_min"] == s["mrtpo/rlsd/weight_max"] == 1.0
-        print(f"\n[e2e rlsd text2sql] step {step}: rows with P_all {rows:.0f}, pairs replayed {s['mrtpo/pairs_replayed']:.0f}, "
-              f"skipped (no variance) {s['mrtpo/pairs_skipped_no_variance']:.0f}, weights {s['mrtpo/rlsd/weight_min']:.3f}.."
-              f"{s['mrtpo/rlsd/weight_max']:.3f}, format {s['mrtpo/reward/format/mean']:.2f}")
+        print(f"\n[e2e rlsd text2sql] step {step}: teacher rows {rows:.0f}, delta mean {s['mrtpo/rlsd/delta_mean']:.3f}, "
+              f"weights {s['mrtpo/rlsd/weight_min']:.3f}..{s['mrtpo/rlsd/weight_max']:.3f}, "
+              f"|A| mean {s['mrtpo/adv_abs_mean']:.3f}, format {s['mrtpo/reward/format/mean']:.2f}")
     print(f"\n[e2e rlsd text2sql] wall {res.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB")

@@ -212,50 +212,157 @@ def test_checker_errors_are_counted_apart_from_raising_verifiers(monkeypatch, ti
 RLSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd")
 # "lower"'s Z is appended (a verifier block, as text-to-SQL's gold SQL): P_all differs from the rollout prompt
 CTX_APPENDED = {"no_comma": CTX["no_comma"], "lower": {"text": "rain falls on the roof", "placement": "appended"}}
+# 2 optimizer updates per training step (train_batch_size 4 prompts, mini-batches of 2)
+TWO_UPDATES = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
 
 
-def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny):
-    """P_all equal to the rollout prompt (every Z in the prompt): delta = 0 on every token, RLSD is GDPO exactly."""
-    ref, _, _, _ = run_step(monkeypatch, tiny, 6, "algorithm.adv_estimator=gdpo")
-    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
-    assert calls == [4] and metrics["mrtpo/rlsd/rows_privileged"] == 0 and metrics["mrtpo/rlsd/lambda"] == 1.0
-    assert torch.equal(padded(fake.put["advantages"]), padded(ref.put["advantages"]))
+def verl_gdpo_of_the_batch(scores=SCORES):
+    """verl 0.9.1's own GDPO advantage of :func:`make_batch`'s batch (the reference every method starts from)."""
+    from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage
 
-
-def test_rlsd_step_equals_the_core_on_p_alls_own_log_probs(monkeypatch, tiny):
-    """The replay's P_all log-probs against old_log_probs, through the core function, on an appended context."""
-    from recipe.mrtpo.core.advantage import masked_whiten, rlsd_lambda, rlsd_reweight
-    from recipe.mrtpo.core.prompt_variants import build_sample_variants
-
-    tok, model = tiny
-    fake, metrics, calls, responses = run_step(monkeypatch, tiny, 3, *RLSD, "mrtpo.rlsd_lambda_warmup_steps=4",
-                                               "mrtpo.rlsd_reweight_clip_range=0.5", ctx=CTX_APPENDED)
-    lam = rlsd_lambda(2, 0.5, 4)
-    assert calls == [4] and metrics["mrtpo/rlsd/rows_privileged"] == 4 and metrics["mrtpo/rlsd/lambda"] == pytest.approx(lam)
     mask = torch.zeros(4, max(LENS))
     for i, n in enumerate(LENS):
         mask[i, :n] = 1
+    names = ["lower", "no_comma"]
+    ntb = {n: np.array([s[n] for s in scores], dtype=np.float32) for n in names}
+    batch = {"prompts": torch.zeros(4, 1), "attention_mask": torch.cat([torch.ones(4, 1), mask], 1).long()}
+    adv, _ = compute_gdpo_outcome_advantage(torch.zeros(4, max(LENS)), mask, np.array(UIDS, dtype=object),
+                                            config={"gdpo_reward_keys": names}, non_tensor_batch=ntb, batch=batch)
+    return adv, mask
+
+
+def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny):
+    """P_all equal to the rollout prompt (every Z in the prompt): the live teacher is the behaviour policy on the
+    same prompt, delta = 0 on every token, nothing is forwarded and RLSD is GDPO exactly."""
+    ref, _, _, _ = run_step(monkeypatch, tiny, 6, "algorithm.adv_estimator=gdpo")
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
+    assert calls == [] and metrics["mrtpo/rlsd/rows_privileged"] == 0 and metrics["mrtpo/rlsd/lambda"] == 1.0
+    assert metrics["mrtpo/rlsd/rows_teacher"] == 0
+    assert torch.equal(padded(fake.put["advantages"]), padded(ref.put["advantages"]))
+
+
+def test_rlsd_step_is_verls_gdpo_times_ms_swifts_weight(monkeypatch, tiny):
+    """The step's advantage on an appended context: verl's GDPO advantage times ms-swift's r, both re-stated
+    here (r from a direct forward of P_all and of the rollout prompt, lambda from ms-swift's schedule at its
+    optimizer-step count); no sign flip, r in its band on every valid token, no second whitening."""
+    from recipe.mrtpo.core.prompt_variants import build_sample_variants
+
+    tok, model = tiny
+    lam0, eps, warmup = 0.5, 0.5, 10
+    fake, metrics, calls, responses = run_step(monkeypatch, tiny, 3, *RLSD, *TWO_UPDATES, f"mrtpo.rlsd_lambda_warmup_steps={warmup}",
+                                               f"mrtpo.rlsd_reweight_clip_range={eps}", ctx=CTX_APPENDED)
+    lam = lam0 * (2 * 2) / warmup  # ms-swift: global_step = 2 completed training steps x 2 updates each, inside the warm-up
+    assert calls == [4] and metrics["mrtpo/rlsd/lambda"] == pytest.approx(lam)
+    assert metrics["mrtpo/rlsd/rows_privileged"] == 4 and metrics["mrtpo/rlsd/rows_teacher"] == 4
     p_all = build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0]
     prompt = render(tok, MSGS)
     assert len(p_all) > len(prompt)
-    teacher, student = torch.zeros(4, max(LENS)), torch.zeros(4, max(LENS))
+    gdpo, mask = verl_gdpo_of_the_batch()
+    want = torch.zeros_like(gdpo)
     for i, r in enumerate(responses):
-        teacher[i, : len(r)] = old_log_probs(model, list(p_all), r)
-        student[i, : len(r)] = old_log_probs(model, prompt, r)
-    scores = torch.tensor([[s["lower"], s["no_comma"]] for s in SCORES])
-    raw = mrtpo_adv(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0, whiten=False)
-    want = masked_whiten(rlsd_reweight(raw, mask, teacher, student, lam, 0.5)[0], mask) * mask
+        n = len(r)
+        a = gdpo[i, 0]  # GDPO's final advantage: one value per response
+        delta = old_log_probs(model, list(p_all), r) - old_log_probs(model, prompt, r)
+        w = torch.exp(torch.sign(a) * delta).clamp(1 - eps, 1 + eps)
+        want[i, :n] = a * ((1 - lam) + lam * w)
     adv = padded(fake.put["advantages"])
-    assert torch.allclose(adv, want, atol=1e-4)
-    gdpo = masked_whiten(raw, mask) * mask
-    assert float((adv - gdpo).abs().max()) > 1e-3 and metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3
-    assert 1 - lam * 0.5 - 1e-6 <= metrics["mrtpo/rlsd/weight_min"] <= metrics["mrtpo/rlsd/weight_max"] <= 1 + lam * 0.5 + 1e-6
+    assert torch.allclose(adv, want, atol=1e-5)
+    valid = mask > 0
+    assert (torch.sign(adv)[valid] == torch.sign(gdpo)[valid]).all() and metrics["mrtpo/rlsd/sign_flips"] == 0
+    ratio = adv[valid] / gdpo[valid]
+    assert float(ratio.min()) >= 1 - lam * eps - 1e-5 and float(ratio.max()) <= 1 + lam * eps + 1e-5
+    assert float((ratio - 1).abs().max()) > 1e-3 and metrics["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-3
+
+
+def test_rlsds_pass_forwards_the_teacher_prompt_alone(monkeypatch, tiny):
+    """RLSD's pass plans no P_minus_k and no P_none: one variant per row, P_all, nothing replayed against it, and
+    every response (a group without reward variance too: after whitening its advantage is not 0)."""
+    from recipe.mrtpo.core.prompt_variants import build_sample_variants
+
+    tok, model = tiny
+    seen = []
+    td, _, _ = make_batch(tok, model, ctx=CTX_APPENDED, scores=[SCORES[0]] * 2 + SCORES[2:])  # group a: no variance
+    monkeypatch.setattr(verl_seam, "tq", FakeTQ(td))
+    trainer, calls = make_trainer(tok, model, 6, *RLSD)
+    inner = trainer.actor_rollout_wg.compute_replay_relevance
+    trainer.actor_rollout_wg.compute_replay_relevance = lambda d: (seen.append(d), inner(d))[1]
+    metrics: dict = {}
+    trainer._compute_advantage(Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train"), metrics)
+    (sent,) = seen
+    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0]
+    assert sent["variant_ids"].shape[:2] == (4, 1) and (sent["pair_variant"] == -1).all()
+    for r in range(4):
+        n = int(sent["variant_lens"][r, 0])
+        assert sent["variant_ids"][r, 0, -n:].tolist() == list(p_all)
+    assert metrics["mrtpo/rlsd/rows_teacher"] == 4 and metrics["mrtpo/pairs_replayed"] == 0
 
 
 def test_rlsd_at_lambda_zero_replays_nothing(monkeypatch, tiny):
     """lambda_s = 0 (the warm-up's first step): no replay, GDPO."""
     fake, metrics, calls, _ = run_step(monkeypatch, tiny, 1, *RLSD, "mrtpo.rlsd_lambda_warmup_steps=3", ctx=CTX_APPENDED)
     assert calls == [] and metrics["mrtpo/replay_skipped"] == 1.0 and metrics["mrtpo/rlsd/lambda"] == 0.0
+
+
+def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_live_one_moves(monkeypatch, tiny):
+    """``mrtpo.rlsd_teacher=initial``: the teacher pass runs through verl's reference model (the worker's
+    ``compute_ref_replay`` on its ``ref`` engine); after one optimizer update of the actor the initial teacher's
+    log-probs are those of the step-0 weights, unchanged, while the live teacher's follow the update."""
+    import copy
+
+    from unit.test_worker import Engine
+
+    from recipe.mrtpo.core.prompt_variants import build_sample_variants
+    from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
+
+    tok, base = tiny
+    actor, reference = copy.deepcopy(base), copy.deepcopy(base)  # verl's ref worker loads the initial weights apart
+    worker = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)  # no Ray, no FSDP: only the binding
+    worker.actor, worker.ref = SimpleNamespace(engine=Engine(actor)), SimpleNamespace(engine=Engine(reference))
+    keys = [f"{u}_0_{i}" for i, u in enumerate(UIDS)]
+
+    def step(teacher: str):
+        td, _, responses = make_batch(tok, actor, ctx=CTX_APPENDED)  # old_log_probs: the actor as it is now
+        monkeypatch.setattr(verl_seam, "tq", FakeTQ(td))
+        trainer, _ = make_trainer(tok, actor, 6, *RLSD, f"mrtpo.rlsd_teacher={teacher}", "actor_rollout_ref.actor.use_kl_loss=True")
+        got = {}
+
+        def record(name, fn):
+            return lambda d: got.setdefault(name, fn(d))
+
+        trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]},
+                                                   compute_replay_relevance=record("actor", worker.compute_replay_relevance))
+        trainer.ref_policy_wg = SimpleNamespace(_dispatch_info={"ref": [0]}, compute_ref_replay=record("ref", worker.compute_ref_replay))
+        assert trainer._fuses_old_log_prob() == (teacher == "live")
+        metrics: dict = {}
+        trainer._compute_advantage(Meta(keys=keys, partition_id="train"), metrics)
+        (where, out), = got.items()
+        assert metrics["mrtpo/rlsd/teacher_initial"] == float(teacher == "initial") and metrics["mrtpo/rlsd/rows_teacher"] == 4
+        return where, out["replay_logprobs"].clone(), responses
+
+    p_all = list(build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0])
+    before = {t: step(t) for t in ("live", "initial")}
+    assert before["live"][0] == "actor" and before["initial"][0] == "ref"
+    assert torch.allclose(before["live"][1], before["initial"][1], atol=1e-5)  # step 0: one model
+    responses = before["live"][2]
+
+    # one optimizer update of the actor (the reference is verl's own copy: not updated)
+    opt = torch.optim.SGD(actor.parameters(), lr=1e-3)
+    prompt = render(tok, MSGS)
+    actor.train()
+    loss = -sum(torch.log_softmax(actor(input_ids=torch.tensor([prompt + r.tolist()])).logits[0, len(prompt) - 1 : -1], -1)
+                .gather(-1, r.view(-1, 1)).mean() for r in responses)
+    loss.backward()
+    opt.step()
+    actor.eval()
+
+    after = {t: step(t) for t in ("live", "initial")}
+    assert torch.equal(after["initial"][1], before["initial"][1])  # the initial teacher did not move
+    moved = (after["live"][1] - before["live"][1]).abs().max()
+    assert float(moved) > 1e-3  # the live one did
+    for i, r in enumerate(responses):  # each against a direct forward of P_all through its own weights
+        n = len(r)
+        assert torch.allclose(after["initial"][1][i, :n], old_log_probs(base, p_all, r), atol=1e-5), i
+        assert torch.allclose(after["live"][1][i, :n], old_log_probs(actor, p_all, r), atol=1e-5), i
 
 
 def test_grpo_is_verls_own_step(monkeypatch, tiny):

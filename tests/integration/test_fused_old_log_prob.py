@@ -56,3 +56,38 @@ def test_no_fusion_where_the_advantage_step_does_not_replay(tiny):  # noqa: F811
     assert not make_trainer(tok, model, 6, "algorithm.adv_estimator=gdpo")[0]._fuses_old_log_prob()
     bypass = "+algorithm.rollout_correction={bypass_mode:true}"
     assert not make_trainer(tok, model, 6, bypass)[0]._fuses_old_log_prob()
+    # RLSD's initial teacher runs on verl's reference policy: never the actor's old_log_prob pass
+    rlsd = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "actor_rollout_ref.actor.use_kl_loss=True")
+    assert make_trainer(tok, model, 6, *rlsd)[0]._fuses_old_log_prob()
+    assert not make_trainer(tok, model, 6, *rlsd, "mrtpo.rlsd_teacher=initial")[0]._fuses_old_log_prob()
+
+
+def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advantage(monkeypatch, tiny):  # noqa: F811
+    """RLSD with the live teacher on appended contexts: one dispatch forwards each response under P_all (the
+    teacher) and under its rollout prompt (verl's old_log_probs), and the advantage step reuses it."""
+    from integration.test_advantage_step import CTX_APPENDED, RLSD
+
+    tok, model = tiny
+    td, _, responses = make_batch(tok, model, ctx=CTX_APPENDED)
+    want = td["old_log_probs"]
+    unfused = FakeTQ(td.clone())
+    monkeypatch.setattr(verl_seam, "tq", unfused)
+    meta = Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train")
+    make_trainer(tok, model, 6, *RLSD)[0]._compute_advantage(meta, {})
+
+    del td["old_log_probs"]
+    td["rollout_log_probs"] = want
+    fake = FakeTQ(td)
+    monkeypatch.setattr(verl_seam, "tq", fake)
+    trainer, calls = make_trainer(tok, model, 6, *RLSD)
+    assert trainer._fuses_old_log_prob()
+    trainer._compute_old_log_prob(meta, {})
+    assert calls == [8]  # 4 rows under P_all, 4 under the rollout prompt, one dispatch
+    for i in range(len(responses)):
+        assert torch.allclose(fake.put["old_log_probs"][i], want[i], atol=1e-5), i
+    td["old_log_probs"], td["entropy"] = fake.put["old_log_probs"], fake.put["entropy"]
+    metrics: dict = {}
+    trainer._compute_advantage(meta, metrics)
+    assert calls == [8] and metrics["mrtpo/replay_fused_old_log_prob"] == 1 and metrics["mrtpo/rlsd/rows_teacher"] == 4
+    got, ref = fake.put["advantages"].to_padded_tensor(0.0), unfused.put["advantages"].to_padded_tensor(0.0)
+    assert torch.allclose(got, ref, atol=1e-5) and float((got - ref).abs().max()) < 1e-5

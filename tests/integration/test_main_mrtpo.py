@@ -308,3 +308,33 @@ def test_package_version_is_pyprojects():
 
     meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert recipe.mrtpo.__version__ == meta["project"]["version"]
+
+
+RLSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("mrtpo.rlsd_teacher=initial",), "use_kl_loss=True"),  # verl builds its reference worker only for the KL loss
+        (("mrtpo.rlsd_teacher=initial", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.model.lora_rank=8"), "LoRA"),
+        (("mrtpo.rlsd_teacher=initial", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.ref.ulysses_sequence_parallel_size=2"),
+         f"{ARR}.ref.ulysses_sequence_parallel_size=2"),
+        (("mrtpo.rlsd_teacher=frozen",), "rlsd_teacher"),
+    ],
+)
+def test_rlsds_initial_teacher_needs_verls_reference_worker(overrides, message):
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    with pytest.raises(ValueError, match=message):
+        check_config(compose_cfg(*RLSD, *overrides))
+
+
+def test_rlsds_teacher_is_read_by_rlsd_only():
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    assert check_config(compose_cfg(*RLSD, "mrtpo.rlsd_teacher=initial", f"{ARR}.actor.use_kl_loss=True",
+                                    f"{ARR}.actor.kl_loss_coef=0.0")).name == "rlsd"
+    assert check_config(compose_cfg(*RLSD, "mrtpo.rlsd_teacher=live")).name == "rlsd"
+    with pytest.raises(ValueError, match="mrtpo.rlsd_teacher=initial is not read by method gdpo"):
+        check_config(compose_cfg("algorithm.adv_estimator=gdpo", "mrtpo.rlsd_teacher=initial"))

@@ -19,7 +19,7 @@ from tensordict import NonTensorStack, TensorDict
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.replay import hf_forward
-from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY
+from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
 from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
 
 MSGS = [{"role": "user", "content": "How many tracks are longer than five minutes? Reply with one SQL query in a ```sql block."}]
@@ -159,7 +159,8 @@ def test_opsd_is_attached_through_its_registry_entry():
     """The trainer knows no OPSD: the method's entry carries the hook, which reads its step context only."""
     import inspect
 
-    from recipe.mrtpo import methods, opsd_step, trainer
+    from recipe.mrtpo import methods, trainer
+    from recipe.mrtpo.methods.opsd import step as opsd_step
 
     assert methods.get("opsd").after_step is not None and methods.get("gdpo").after_step is None
     assert "opsd" not in inspect.getsource(trainer.MRTPOTrainer._compute_advantage)

@@ -222,7 +222,7 @@ def test_every_algo_is_dry_run():
 
 
 def test_algo_list_is_the_methods_registry():
-    """ALGO's values and overrides are the registry's (recipe/mrtpo/methods.py), read through its command line."""
+    """ALGO's values and overrides are the registry's (recipe/mrtpo/methods/), read through its command line."""
     from recipe.mrtpo import methods
 
     assert set(ALGO_EXPECT) == set(methods.names())

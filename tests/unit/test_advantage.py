@@ -340,3 +340,85 @@ def test_rlsd_lambda_schedule_is_ms_swifts():
     assert [rlsd_lambda(s, 0.5, decay_steps=2) for s in (0, 1, 2)] == [0.5, 0.25, 0.0]
     with pytest.raises(ValueError):
         rlsd_reweight(torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), 1.5, 0.2)
+
+
+def _ms_swift_lambda(global_step, target, warmup, decay):
+    """ms-swift's ``GRPOTrainer._rlsd_effective_lambda``, as written there (``state.global_step``)."""
+    if warmup > 0 and global_step < warmup:
+        return target * (global_step / warmup)
+    if decay > 0 and global_step >= warmup:
+        return target * max(1.0 - (global_step - warmup) / decay, 0.0)
+    return target
+
+
+def _rlsd_inputs(seed, lam, clip, neg=False, n_groups=8, n=4, K=3, T=14, teacher_rows=None):
+    """A batch (binary rewards, lengths tied to the rewards, some groups without variance), its replay result and
+    the RLSD step's inputs."""
+    from types import SimpleNamespace
+
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.methods import AdvantageInputs
+
+    g = torch.Generator().manual_seed(seed)
+    B = n_groups * n
+    scores = torch.randint(0, 2, (B, K), generator=g).float()
+    scores[:n] = scores[0]  # group 0: no variance in any reward (GDPO's raw advantage 0, whitened not)
+    lengths = (3 + 3 * scores.sum(-1) + torch.randint(0, 3, (B,), generator=g)).clamp(max=T).long()
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    index = np.array([f"uid{i // n}" for i in range(B)], dtype=object)
+    student = -torch.rand(B, T, generator=g) * 3 * mask
+    teacher = (student + torch.randn(B, T, generator=g) * 0.4) * mask
+    rows = list(range(B)) if teacher_rows is None else list(teacher_rows)
+    replay = SimpleNamespace(rows=rows, replay_logprobs=teacher[rows], privileged=[True] * len(rows))
+    cfg = mrtpo_config({"mode": "rlsd", "rlsd_reweight_clip_range": clip, "rlsd_negative_only": neg})
+    table = SimpleNamespace(scores=scores, names=[f"r{k}" for k in range(K)])
+    inp = AdvantageInputs(cfg, table, index, mask, torch.ones(B, dtype=torch.bool), 3, lam, replay, student)
+    return inp, scores, index, mask, teacher, student
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("lam, clip, neg", [(0.5, 0.2, False), (1.0, 0.2, False), (0.3, 0.5, True)])
+def test_rlsd_is_verls_gdpo_times_ms_swifts_weight(seed, lam, clip, neg):
+    """RLSD's final advantage is verl's GDPO advantage (after its whitening) times ms-swift's r, re-stated here:
+    no second whitening, no sign flip, r in [1 - lambda eps, 1 + lambda eps] on every valid token."""
+    from recipe.mrtpo.methods.rlsd import rlsd_advantage
+
+    inp, scores, index, mask, teacher, student = _rlsd_inputs(seed, lam, clip, neg)
+    out, stats = rlsd_advantage(inp)
+    gdpo = verl_gdpo(scores, index, mask)
+    base = gdpo[torch.arange(mask.shape[0]), 0]  # one value per response (every response has >= 3 tokens)
+    want = _ms_swift_rlsd(base, mask, teacher, student, lam, clip, neg)
+    assert torch.allclose(out, want, atol=1e-5)
+    valid = mask > 0
+    assert (torch.sign(out)[valid] == torch.sign(gdpo)[valid]).all() and stats.extra["mrtpo/rlsd/sign_flips"] == 0
+    r = out[valid & (gdpo != 0)] / gdpo[valid & (gdpo != 0)]
+    assert float(r.min()) >= 1 - lam * clip - 1e-5 and float(r.max()) <= 1 + lam * clip + 1e-5
+    assert float((r - 1).abs().max()) > 0.5 * lam * clip  # the weights act (not all 1)
+    assert (gdpo[: 4][mask[: 4] > 0] != 0).all()  # the group without variance is reweighted too: its A is not 0
+    assert stats.extra["mrtpo/rlsd/weight_min"] >= 1 - lam * clip - 1e-6 and stats.extra["mrtpo/rlsd/weight_max"] <= 1 + lam * clip + 1e-6
+
+
+def test_rlsd_rows_without_a_teacher_keep_gdpos_advantage():
+    """A row the pass did not forward (the live teacher where P_all is the rollout prompt) has delta = 0."""
+    from recipe.mrtpo.methods.rlsd import rlsd_advantage
+
+    inp, scores, index, mask, teacher, student = _rlsd_inputs(5, 1.0, 0.2, teacher_rows=range(0, 32, 2))
+    out, stats = rlsd_advantage(inp)
+    gdpo = verl_gdpo(scores, index, mask)
+    assert torch.allclose(out[1::2], gdpo[1::2], atol=1e-6) and not torch.allclose(out[0::2], gdpo[0::2], atol=1e-3)
+    assert stats.extra["mrtpo/rlsd/rows_teacher"] == 16
+
+
+def test_rlsd_lambda_counts_optimizer_steps_as_ms_swift():
+    """lambda_s at ms-swift's ``global_step``: the optimizer updates completed before the batch, ppo_epochs x
+    (train_batch_size // ppo_mini_batch_size) per training step; 0 at the first step."""
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.methods.rlsd import optimizer_steps, rlsd_strength
+
+    config = {"data": {"train_batch_size": 512}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 128, "ppo_epochs": 2}}}
+    cfg = mrtpo_config({"mode": "rlsd", "rlsd_lambda": 0.5, "rlsd_lambda_warmup_steps": 20, "rlsd_lambda_decay_steps": 40})
+    for completed in (0, 1, 2, 3, 7, 30):
+        global_step = completed * 2 * (512 // 128)  # 8 updates per training step
+        assert optimizer_steps(config, completed) == global_step
+        assert rlsd_strength(cfg, completed, config) == pytest.approx(_ms_swift_lambda(global_step, 0.5, 20, 40))
+    assert rlsd_strength(cfg, 0, config) == 0.0

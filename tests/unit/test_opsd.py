@@ -7,23 +7,23 @@ import torch
 from tensordict import TensorDict
 
 from recipe.mrtpo.config import mrtpo_config
-from recipe.mrtpo.core.opsd import (
-    forward_kl_topk,
-    sequence_teacher_fields,
-    teacher_topk_from_logits,
-    teacher_topk_rows,
-    topk_mass,
-    topk_overlap,
-)
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.replay import hf_forward
-from recipe.mrtpo.opsd_driver import (
+from recipe.mrtpo.methods.opsd.driver import (
     distillation_loss_settings,
     pad_to_multiple,
     run_opsd_teacher,
     teacher_fields,
     teacher_prompts,
     uses_topk,
+)
+from recipe.mrtpo.methods.opsd.teacher import (
+    forward_kl_topk,
+    sequence_teacher_fields,
+    teacher_topk_from_logits,
+    teacher_topk_rows,
+    topk_mass,
+    topk_overlap,
 )
 from recipe.mrtpo.reward_extras import RewardTable
 
@@ -280,7 +280,7 @@ def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
 
 
 def test_loss_settings_and_config_checks():
-    from recipe.mrtpo.opsd_loss import build_distillation_config, opsd_loss_fn
+    from recipe.mrtpo.methods.opsd.loss import build_distillation_config, opsd_loss_fn
 
     cfg = mrtpo_config({"mode": "opsd", "opsd_topk": 8, "opsd_loss_coef": 0.3})
     s = distillation_loss_settings(cfg, {"_target_": "x", "loss_mode": "k3", "topk": 32, "loss_max_clamp": 5.0, "use_task_rewards": False})
@@ -308,7 +308,7 @@ def test_single_token_teacher_through_verls_estimator_loss():
     from verl.trainer.distillation.losses import compute_distillation_loss_reverse_kl_estimator
     from verl.trainer.ppo.core_algos import kl_penalty
 
-    from recipe.mrtpo.opsd_loss import build_distillation_config
+    from recipe.mrtpo.methods.opsd.loss import build_distillation_config
 
     g = torch.Generator().manual_seed(5)
     prompt_lens, resp_lens = [3, 5], [4, 2]

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from recipe.mrtpo.core.opsd import teacher_topk_rows
 from recipe.mrtpo.core.passes import (
     PassSequence,
     PassSettings,
@@ -14,6 +13,7 @@ from recipe.mrtpo.core.passes import (
     row_sequences,
 )
 from recipe.mrtpo.core.replay import plan_sequences, replay_relevance
+from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
 PACKED = dict(layout="packed", packed_attention="block_mask")
 

@@ -66,8 +66,8 @@ def _replay(model, rows, sync):
 
 def _teacher(model, rows, sync):
     """The OPSD teacher pass (P_all of each row) through the same engine, packed into one row per forward."""
-    from recipe.mrtpo.core.opsd import teacher_topk_rows
     from recipe.mrtpo.core.passes import hf_forward
+    from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
     ids, lens, responses, mask, _ = (x[rows] for x in replay_inputs())
     with torch.no_grad():

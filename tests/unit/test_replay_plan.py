@@ -160,3 +160,32 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
                       torch.ones(2, T, dtype=torch.long), [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
     assert seen["lpv"] == [0, 0] and res2.logprobs_are_rollout_prompt == [False, False]
     assert res2.consistency_metrics(torch.ones(2, T), torch.zeros(2, T)) == {"mrtpo/consistency/rows": 0}
+
+
+def test_the_p_all_plan_forwards_the_teacher_prompt_alone():
+    """RLSD's pass: one variant per row (P_all, or the rollout prompt where P_all cannot be built), nothing
+    replayed against it, every response with a valid token; the behaviour policy as teacher skips the rows
+    whose teacher prompt is their rollout prompt."""
+    from recipe.mrtpo.core.replay_plan import build_p_all_plan
+
+    msgs = [{"role": "user", "content": "Write SQL."}]
+    appended = {"gold": {"text": "SELECT 1", "placement": "appended"}}
+    placed = {"fmt": {"text": "Write SQL.", "placement": "prompt"}}
+    rollout = render(msgs)
+    contexts = [appended, placed, None, appended, appended]
+    mask = torch.ones(5, 3, dtype=torch.long)
+    mask[4] = 0  # verl's padding row: no valid token
+    responses = torch.arange(15).view(5, 3)
+    prompts = [rollout] * 5
+    live = build_p_all_plan(2, contexts, [msgs] * 5, responses, mask, render, prompts)
+    assert live.rows == [0, 3] and live.privileged == [True, True] and live.rollout_variant == [-1, -1]
+    assert live.inputs["variant_ids"].shape[:2] == (2, 1) and (live.inputs["pair_variant"] == -1).all()
+    p_all = "".join(chr(i) for i in live.inputs["variant_ids"][0, 0, -live.inputs["variant_lens"][0, 0]:].tolist())
+    assert p_all.startswith("Write SQL.") and "SELECT 1" in p_all
+    assert dict(live.fallback_reasons) == {"no_contexts": 1}
+    every = build_p_all_plan(2, contexts, [msgs] * 5, responses, mask, render, prompts, every_row=True)
+    assert every.rows == [0, 1, 2, 3] and every.privileged == [True, False, False, True]
+    assert every.rollout_variant == [-1, 0, 0, -1]
+    assert every.inputs["variant_ids"][1, 0, -len(rollout):].tolist() == rollout
+    short = build_p_all_plan(2, contexts, [msgs] * 5, responses, mask, render, prompts, max_prompt_length=len(rollout))
+    assert short.rows == [] and dict(short.fallback_reasons) == {"no_contexts": 1, "too_long": 2}

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.replay import hf_forward
-from recipe.mrtpo.opsd_driver import TEACHER_SETTINGS
+from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
 from recipe.mrtpo.worker import REPLAY_SETTINGS, MRTPOActorRolloutRefWorker, opsd_teacher_rows, replay_rows
 
 SETTINGS = {
@@ -149,3 +149,29 @@ def test_the_pass_device_is_verls_and_cpu_without_an_accelerator(monkeypatch):
     assert pass_device() == expect
     assert attn_implementation(SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))) == "flash_attention_2"
     assert attn_implementation(SimpleNamespace()) == ""
+
+
+def test_the_reference_replay_runs_through_the_reference_engine_only(model):
+    """``compute_ref_replay``: the replay's rows through verl's reference model (``self.ref.engine``), in eval mode
+    without grad; the actor's engine is not entered."""
+    import copy
+
+    replay, _ = rows()
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in reference.parameters():  # another model than the actor's
+            p.add_(0.01 * torch.randn_like(p))
+    actor_engine, ref_engine = Engine(model), Engine(reference)
+    w = worker_around(actor_engine)
+    w.ref = SimpleNamespace(engine=ref_engine)
+    got = w.compute_ref_replay(with_settings(replay, REPLAY_SETTINGS))
+    assert ref_engine.entered == [True] and actor_engine.entered == []
+    reference.eval()
+    with torch.no_grad():
+        want = replay_rows(hf_forward(reference), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
+        actor = replay_rows(hf_forward(model.eval()), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
+    assert torch.equal(got["replay_logprobs"], want["replay_logprobs"])
+    assert not torch.allclose(got["replay_logprobs"], actor["replay_logprobs"], atol=1e-4)
+    w.ref = None
+    with pytest.raises(RuntimeError, match="no reference model"):
+        w.compute_ref_replay(with_settings(replay, REPLAY_SETTINGS))

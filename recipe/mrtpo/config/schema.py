@@ -16,13 +16,17 @@ from verl.base_config import BaseConfig
 
 from recipe.mrtpo.core.advantage import REWARD_WEIGHTINGS  # noqa: F401  (re-exported: the choices live with the maths)
 from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
-from recipe.mrtpo.methods import modes
 
-MODES = modes()  # mrtpo.mode's values: those of the methods registry
+#: mrtpo.mode's values: the ``mode`` of the methods registry's entries (recipe/mrtpo/methods/; the registry
+#: validates against this config, never the other way: tests/unit/test_advantage.py checks the two agree)
+MODES = ("mrtpo", "cort", "opsd", "rlsd")
 #: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
 #: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
 OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
+#: RLSD's teacher: the behaviour policy under P_all (live, ms-swift's default) or the initial policy under P_all
+#: (initial: verl's reference policy, the RLSD authors' shipped configuration)
+RLSD_TEACHERS = ("live", "initial")
 
 
 @dataclass
@@ -65,9 +69,10 @@ class MRTPOConfig(BaseConfig):
     opsd_loss_coef: float = 1.0  # OPSD: policy loss of the advantage + coef * distillation loss
     rlsd_lambda: float = 0.5  # RLSD: mixing weight, 0 = GDPO, 1 = the full reweight (ms-swift's default)
     rlsd_reweight_clip_range: float = 0.2  # RLSD: eps_w, the evidence weight is clipped to [1 - eps_w, 1 + eps_w]
-    rlsd_lambda_warmup_steps: int = 0  # RLSD: lambda ramps linearly from 0 over these steps
-    rlsd_lambda_decay_steps: int = 0  # RLSD: after the warm-up, lambda decays linearly to 0 over these steps
+    rlsd_lambda_warmup_steps: int = 0  # RLSD: lambda ramps linearly from 0 over these optimizer steps (ms-swift's)
+    rlsd_lambda_decay_steps: int = 0  # RLSD: after the warm-up, lambda decays linearly to 0 over these optimizer steps
     rlsd_negative_only: bool = False  # RLSD: reweight only responses with a negative advantage
+    rlsd_teacher: str = "live"  # RLSD: live (the behaviour policy under P_all) | initial (verl's reference policy)
     dump: DumpConfig = field(default_factory=DumpConfig)
 
     def __post_init__(self) -> None:
@@ -98,6 +103,7 @@ class MRTPOConfig(BaseConfig):
         if self.rlsd_lambda_warmup_steps < 0 or self.rlsd_lambda_decay_steps < 0:
             raise ValueError("mrtpo.rlsd_lambda_warmup_steps and rlsd_lambda_decay_steps must be >= 0, got "
                              f"{self.rlsd_lambda_warmup_steps} and {self.rlsd_lambda_decay_steps}")
+        _choice("rlsd_teacher", self.rlsd_teacher, RLSD_TEACHERS)
         if self.reward_weights is not None:
             if not isinstance(self.reward_weights, Mapping):
                 raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {self.reward_weights!r}")

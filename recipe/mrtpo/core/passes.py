@@ -1,7 +1,7 @@
 """The pass engine: every no-grad pass over the actor, at the cost of the tokens that exist (docs/design.md §5).
 
 The replay (JS of each variant against P_all, :mod:`recipe.mrtpo.core.replay`), the OPSD teacher (top-k,
-:mod:`recipe.mrtpo.core.opsd`) and the fused old_log_prob pass all forward sequences ``prompt | response``
+:mod:`recipe.mrtpo.methods.opsd.teacher`) and the fused old_log_prob pass all forward sequences ``prompt | response``
 through the same causal LM and differ only in what they reduce per sequence. This module owns what they
 share: the sequences (:class:`PassSequence`), the one response-length rule (:func:`response_lengths`),
 the one packer (:func:`plan_forwards`), the one forward-count agreement with its padding forwards, the

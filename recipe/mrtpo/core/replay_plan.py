@@ -2,7 +2,9 @@
 
 Rule (docs/design.md §1.2): a pair (i, k) is replayed only if sample i's group has variance in r_k (otherwise
 A_{i,k} = 0 and its weights do not matter); a pair whose variant cannot be built falls back to
-uniform weights and is counted by reason. Pure torch + :mod:`prompt_variants`; no verl.
+uniform weights and is counted by reason. :func:`build_p_all_plan` is the pass of a method that needs the
+teacher prompt's log-probs alone (RLSD): no P_minus_k, no relevance, and no group-variance rule (after GDPO's
+batch whitening every response has an advantage). Pure torch + :mod:`prompt_variants`; no verl.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from recipe.mrtpo.core.advantage import group_has_variance
 from recipe.mrtpo.core.prompt_variants import render_variants, rollout_prompt_variant, variant_messages
+from recipe.mrtpo.core.render_cache import CachedRender
 
 
 @dataclass
@@ -31,6 +34,7 @@ class ReplayPlan:
     deduplicated: int = 0
     replayed_mask: Optional[torch.Tensor] = None  # [B, K] bool
     rollout_variant: list[int] = field(default_factory=list)  # per row: the variant that is the rollout prompt, -1 none
+    privileged: list[bool] = field(default_factory=list)  # per row (P_all-only plans): its P_all differs from its rollout prompt
 
     def metrics(self) -> dict[str, float]:
         m = {
@@ -125,6 +129,90 @@ def build_replay_plan(
         "responses": responses.index_select(0, rows).long() if R else torch.zeros(0, T, dtype=torch.long),
         "response_mask": response_mask.index_select(0, rows).long() if R else torch.zeros(0, T, dtype=torch.long),
         "pair_variant": pair,
+    }
+    return plan
+
+
+def p_all_prompts(
+    contexts: Sequence[Optional[dict]],
+    messages: Sequence[Optional[list]],
+    rollout_prompts: Sequence[Sequence[int]],
+    render: Callable[[list[dict]], list[int]],
+    max_prompt_length: Optional[int] = None,
+) -> tuple[list[list[int]], list[Optional[str]]]:
+    """Per sample: its teacher prompt ids, P_all (every Z_k of the sample, prompt-placed ones in place, appended
+    ones in one verifier block: the replay's variant 0), and, where P_all cannot be built, the reason
+    (``no_contexts``, ``no_messages``, ``too_long``); such a sample's teacher prompt is its rollout prompt."""
+    if not isinstance(render, CachedRender):
+        render = CachedRender(render)  # one render per distinct prompt of the batch (a group shares its prompt)
+    built = [variant_messages(messages[i], dict(ctx), sorted(ctx)[:1]) if ctx else None for i, ctx in enumerate(contexts)]
+    render.prepare([vm.p_all for vm in built if vm is not None and vm.p_all is not None])
+    prompts: list[list[int]] = []
+    reasons: list[Optional[str]] = []
+    for i, vm in enumerate(built):
+        reason = "no_contexts" if vm is None else None
+        if vm is not None:
+            ids = list(render(vm.p_all)) if vm.p_all is not None else None
+            if ids is not None and (max_prompt_length is None or len(ids) <= max_prompt_length):
+                prompts.append(ids)
+                reasons.append(None)
+                continue
+            reason = "too_long" if ids is not None else next(iter(vm.fallbacks.values()), "no_messages")
+        prompts.append(list(rollout_prompts[i]))
+        reasons.append(reason)
+    return prompts, reasons
+
+
+def build_p_all_plan(
+    num_rewards: int,
+    contexts: Sequence[Optional[dict]],
+    messages: Sequence[Optional[list]],
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    render: Callable[[list[dict]], list[int]],
+    rollout_prompts: Sequence[Sequence[int]],
+    max_prompt_length: Optional[int] = None,
+    pad_id: int = 0,
+    every_row: bool = False,
+) -> ReplayPlan:
+    """The P_all-only pass of a batch: one row per response with a valid token, its one variant the teacher
+    prompt (:func:`p_all_prompts`), nothing replayed against it (``pair_variant`` -1: the worker returns the
+    variant's log-probs of the sampled tokens and no relevance).
+
+    ``every_row`` False plans only the rows whose teacher prompt differs from their rollout prompt (for the
+    behaviour policy as teacher, the others' log-probs are verl's ``old_log_probs``); True plans every row
+    (a teacher other than the behaviour policy, such as verl's reference policy). ``plan.privileged`` says
+    per row whether its P_all differs from its rollout prompt; ``plan.rollout_variant`` is 0 where the teacher
+    prompt is the rollout prompt, else -1. Fallback reasons are counted per sample in ``fallback_reasons``.
+    """
+    prompts, reasons = p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length)
+    plan = ReplayPlan(rows=[], inputs={})
+    plan.replayed_mask = torch.zeros(len(prompts), num_rewards, dtype=torch.bool)
+    has_tokens = response_mask.reshape(len(prompts), -1).sum(-1) > 0 if len(prompts) else torch.zeros(0, dtype=torch.bool)
+    plan.fallback_reasons.update(r for r, ok in zip(reasons, has_tokens.tolist()) if r and ok)
+    for i, p in enumerate(prompts):
+        same = list(p) == list(rollout_prompts[i])
+        if not bool(has_tokens[i]) or (same and not every_row):
+            continue
+        plan.rows.append(i)
+        plan.privileged.append(not same)
+        plan.rollout_variant.append(0 if same else -1)
+    R, T = len(plan.rows), responses.shape[1]
+    P = max((len(prompts[i]) for i in plan.rows), default=1) or 1
+    ids = np.full((R, 1, P), pad_id, dtype=np.int32)
+    lens = np.zeros((R, 1), dtype=np.int64)
+    for r, i in enumerate(plan.rows):
+        if prompts[i]:
+            ids[r, 0, P - len(prompts[i]) :] = prompts[i]
+        lens[r, 0] = len(prompts[i])
+    rows = torch.tensor(plan.rows, dtype=torch.long)
+    plan.variants = R
+    plan.inputs = {
+        "variant_ids": torch.from_numpy(ids),
+        "variant_lens": torch.from_numpy(lens),
+        "responses": responses.index_select(0, rows).long() if R else torch.zeros(0, T, dtype=torch.long),
+        "response_mask": response_mask.index_select(0, rows).long() if R else torch.zeros(0, T, dtype=torch.long),
+        "pair_variant": torch.full((R, num_rewards), -1, dtype=torch.long),
     }
     return plan
 

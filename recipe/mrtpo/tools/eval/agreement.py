@@ -1,9 +1,11 @@
 """Agreement of the recipe's verifiers with the official checkers on generated cases.
 
-``python -m recipe.mrtpo.tools.eval.agreement bfcl [--parquet data/bfcl/test.parquet | --bfcl-dir .assets/bfcl]``
+``python -m recipe.mrtpo.tools.eval.agreement bfcl [--parquet FILE ...]``
 
-For every BFCL row (built by ``data_prep.tool_calling``: reference calls with every acceptable value,
-the tool specs, and the row's original function docs and possible answer) it writes the gold answer
+For every BFCL row of the built parquet files (default ``data/bfcl/train.parquet`` and ``test.parquet``, the
+two splits ``python -m data_prep.build_offline --out-dir data --only bfcl`` writes of BFCL's 8 AST categories; each row
+carries the reference calls with every acceptable value, the tool specs, and the row's original function
+docs and possible answer) it writes the gold answer
 and systematic perturbations of it (each acceptable alternative of each argument, case/spacing/
 punctuation variants of strings, omitted arguments, ``null`` values, a float for an integer and an
 integer for a float, a number as a string, a spec default added, an undeclared argument, a wrong
@@ -15,7 +17,8 @@ disagreements. Exit status 0 (it is a measurement, not a test).
 
 ``python -m recipe.mrtpo.tools.eval.agreement sql --test-suite-dir DIR [--questions FILE --db FILE]``
 
-For every Chinook question (``data_prep/chinook_questions.jsonl`` on the Chinook database by default)
+For every Chinook question (``data_prep/chinook_questions.jsonl`` on ``data/chinook/chinook.sqlite`` by
+default, the database ``python -m data_prep.chinook_db`` builds)
 it writes the gold query and perturbations of it (:func:`sql_cases`: DISTINCT added or removed, in
 ``count`` too, ORDER BY removed or reversed, columns reversed, the rows doubled with ``UNION ALL``,
 values as floats or rounded, ``avg(x)`` as ``sum(x) * 1.0 / count(x)``, LIMIT changed, spaced comparison operators, a second statement, an empty
@@ -114,15 +117,25 @@ def bfcl_cases(calls: list[dict], tools: list[dict]) -> Iterator[tuple[str, list
     yield "no_call", []
 
 
-def _rows_from(parquet: Optional[Path], bfcl_dir: Optional[Path]) -> list[dict]:
-    if parquet is not None:
-        import pandas as pd
+#: the repository's root (the default files below are read from it, whatever the working directory)
+REPO = Path(__file__).resolve().parents[4]
+#: the built BFCL splits, the Chinook questions and database the commands read by default
+BFCL_PARQUETS = (REPO / "data" / "bfcl" / "train.parquet", REPO / "data" / "bfcl" / "test.parquet")
+CHINOOK_QUESTIONS = REPO / "data_prep" / "chinook_questions.jsonl"
+CHINOOK_DB = REPO / "data" / "chinook" / "chinook.sqlite"
 
-        return [r.to_dict() for _, r in pd.read_parquet(parquet).iterrows()]
-    from data_prep.common import SkipLog
-    from data_prep.tool_calling import DEFAULT_BFCL_DIR, build_bfcl_rows
 
-    rows, _ = build_bfcl_rows(bfcl_dir or DEFAULT_BFCL_DIR, skips=SkipLog(max_printed=0))
+def _missing(path: Path, build: str) -> str:
+    return f"{path} not found: build it with `{build}` (or pass the file)"
+
+
+def _rows_from(parquets: list[Path]) -> list[dict]:
+    """The BFCL rows of the built parquet files, in order."""
+    import pandas as pd
+
+    rows: list[dict] = []
+    for p in parquets:
+        rows += [r.to_dict() for _, r in pd.read_parquet(p).iterrows()]
     return rows
 
 
@@ -338,11 +351,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.mrtpo.tools.eval.agreement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("task", choices=["bfcl", "sql"])
-    ap.add_argument("--parquet", type=Path, default=None, help="built BFCL parquet (default: build from --bfcl-dir)")
-    ap.add_argument("--bfcl-dir", type=Path, default=None)
+    ap.add_argument("--parquet", type=Path, action="append", default=None,
+                    help="bfcl: a built BFCL parquet, repeatable (default: data/bfcl/train.parquet and test.parquet)")
     ap.add_argument("--test-suite-dir", type=Path, default=None, help="sql: a checkout of test-suite-sql-eval")
     ap.add_argument("--questions", type=Path, default=None, help="sql: JSON lines with gold_sql (default: Chinook's)")
-    ap.add_argument("--db", type=Path, default=None, help="sql: the SQLite file (default: the Chinook database)")
+    ap.add_argument("--db", type=Path, default=None, help="sql: the SQLite file (default: data/chinook/chinook.sqlite)")
     ap.add_argument("--show", type=int, default=10, help="disagreements printed")
     ap.add_argument("--out", type=Path, default=None, help="write the counts as JSON")
     args = ap.parse_args(argv)
@@ -350,15 +363,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.task == "sql":
         if args.test_suite_dir is None:
             ap.error("sql needs --test-suite-dir (a checkout of test-suite-sql-eval)")
-        from data_prep.chinook_db import ensure_chinook_db
-
-        qpath = args.questions or Path(__file__).resolve().parents[4] / "data_prep" / "chinook_questions.jsonl"
+        qpath, db = args.questions or CHINOOK_QUESTIONS, args.db or CHINOOK_DB
+        if not qpath.is_file():
+            ap.error(f"{qpath} not found")
+        if not db.is_file():
+            ap.error(_missing(db, "python -m data_prep.chinook_db"))
         questions = [json.loads(line) for line in qpath.read_text().splitlines() if line.strip()]
-        result = measure_sql(questions, args.db or ensure_chinook_db(), args.test_suite_dir, args.show)
+        result = measure_sql(questions, db, args.test_suite_dir, args.show)
         groups = {**result["by_mode"], **{"  " + k: v for k, v in result["by_kind"].items()},
                   "result_eq, random pairs": result["result_eq_random_pairs"]}
     else:
-        result = measure_bfcl(_rows_from(args.parquet, args.bfcl_dir), args.show)
+        parquets = args.parquet or list(BFCL_PARQUETS)
+        for p in parquets:
+            if not p.is_file():
+                ap.error(_missing(p, "python -m data_prep.build_offline --out-dir data --only bfcl"))
+        result = measure_bfcl(_rows_from(parquets), args.show)
         groups = {"total": result["total"], **result["by_category"],
                   **{"  " + k: v for k, v in result["by_kind"].items()}}
     for k, c in groups.items():

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from recipe.mrtpo.methods import names as method_names
 
 #: Row order of the paper's table: the base model, the baselines, the control, the method (the registry's methods,
-#: recipe/mrtpo/methods.py, in this order where named here; any other registered one before the control); other
+#: recipe/mrtpo/methods/, in this order where named here; any other registered one before the control); other
 #: run names follow alphabetically.
 _LAST = ("shuffle", "mrtpo")
 METHOD_ORDER = ("base", *(m for m in method_names() if m not in _LAST), *_LAST)

@@ -7,7 +7,7 @@ starts the servers (``MultiTeacherModelManager``) and makes the agent loop query
 prompt. OPSD's teacher is the actor itself under P_all, so the switch stays off and the recipe does the
 three things it would have done on the actor's side:
 
-1. the trainer writes the two fields to TransferQueue in verl's layout (``opsd_driver.teacher_fields``);
+1. the trainer writes the two fields to TransferQueue in verl's layout (``driver.teacher_fields``);
 2. the actor worker's ``update_actor`` installs :func:`opsd_loss_fn` (verl's ``distillation_ppo_loss`` with
    a ``DistillationConfig`` built from the recipe's knobs) in place of ``ppo_loss``, exactly as verl's
    ``init_model`` does when distillation is enabled, and restores verl's loss when the batch carries no

@@ -22,10 +22,10 @@ import torch
 
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
-from recipe.mrtpo.core.opsd import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.render_cache import CachedRender
+from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 
@@ -206,7 +206,7 @@ def teacher_fields(
 
 
 def distillation_loss_settings(cfg: MRTPOConfig, verl_loss_group: Optional[dict] = None) -> dict:
-    """The ``DistillationLossConfig`` fields the actor's loss is built with (``opsd_loss.py``).
+    """The ``DistillationLossConfig`` fields the actor's loss is built with (``loss.py``).
 
     Start from verl's ``distillation.distillation_loss`` group (clamps, ``use_policy_gradient``...; its
     defaults when absent), then the recipe's knobs: ``loss_mode = mrtpo.opsd_loss_mode``, ``topk =

@@ -1,10 +1,10 @@
 """OPSD's part of the trainer's advantage step (``mrtpo.mode=opsd``, docs/opsd.md), on verl's batch.
 
-OPSD's entry in :mod:`recipe.mrtpo.methods` attaches :func:`write_opsd_teacher` as its after-step hook: after
-GDPO's advantage is written, it takes the step's inputs from its :class:`~recipe.mrtpo.methods.StepContext`
+OPSD's entry (:mod:`recipe.mrtpo.methods.opsd`) names :func:`write_opsd_teacher` as its after-step hook: after
+GDPO's advantage is written, it takes the step's inputs from its :class:`~recipe.mrtpo.methods.types.StepContext`
 (the reward table, the prompts, the renderer, the actor's worker group), fetches the responses and
 verl's old log-probs from TransferQueue, runs the teacher pass on the actor's
-workers (``compute_opsd_teacher``, through :func:`recipe.mrtpo.opsd_driver.run_opsd_teacher`), writes
+workers (``compute_opsd_teacher``, through :func:`recipe.mrtpo.methods.opsd.driver.run_opsd_teacher`), writes
 verl's ``teacher_logprobs`` / ``teacher_ids`` back, and puts the loss settings in the batch's
 ``extra_info`` for the actor update (``worker.update_actor`` installs verl's distillation loss from them).
 """
@@ -17,8 +17,8 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.mrtpo import verl_seam
-from recipe.mrtpo.methods import StepContext
-from recipe.mrtpo.opsd_driver import LOSS_SETTINGS_KEY, distillation_loss_settings, run_opsd_teacher, teacher_fields, uses_topk
+from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY, distillation_loss_settings, run_opsd_teacher, teacher_fields, uses_topk
+from recipe.mrtpo.methods.types import StepContext
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 
 #: what the teacher pass reads of the batch (the step's own fetch, ``StepContext.fields``, brings the first three)
@@ -46,17 +46,8 @@ def verl_loss_group(config) -> Optional[dict]:
     return OmegaConf.to_container(group, resolve=True) if group is not None else None
 
 
-def check_opsd_settings(config) -> None:
-    """What OPSD adds to the pass checks of its entry (``methods.check_module_forward``: no fused kernels, Ulysses
-    SP 1, FSDP): ``distillation.enabled`` would start verl's teacher servers besides the self-teacher."""
-    dist = config.get("distillation", None)
-    if dist is not None and bool(dist.get("enabled", False)):
-        raise ValueError("method opsd (mrtpo.mode=opsd) is the actor's own teacher: leave distillation.enabled=False "
-                         "(True starts verl's teacher servers)")
-
-
 def write_opsd_teacher(ctx: StepContext):
-    """OPSD's after-step hook (its entry in :mod:`recipe.mrtpo.methods`): the teacher pass of the batch and its
+    """OPSD's after-step hook (named by its entry, :mod:`recipe.mrtpo.methods.opsd`): the teacher pass of the batch and its
     fields in TransferQueue; returns the batch meta for the update."""
     cfg, config = ctx.cfg, ctx.config
     d = ctx.fields

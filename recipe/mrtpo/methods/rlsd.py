@@ -1,0 +1,132 @@
+"""RLSD (self-distilled RLVR, ``docs/design.md`` §1.8): GDPO's final advantage times a clipped token weight from
+the teacher / rollout-prompt log-prob gap, as ms-swift's ``--advantage_reweight rlsd`` and the RLSD authors'
+``_build_stgca_advantages``. Its entry, its schedule, its pass needs, its advantage and its checks.
+
+    A_t  = GDPO's final advantage (per-reward group normalisation, sum, batch whitening: what verl trains on)
+    d_t  = log p_T(y_t | P_all) - log pi_old(y_t | rollout prompt)                       (no gradient)
+    r_t  = (1 - lambda_s) + lambda_s * clip(exp(sign(A_t) * d_t), 1 - eps, 1 + eps)
+    A'_t = A_t * r_t                                                   (no second whitening)
+
+r_t > 0, so A'_t has A_t's sign, and r_t lies in [1 - lambda_s eps, 1 + lambda_s eps] on every valid token.
+The teacher p_T is the policy under the teacher prompt (P_all, or the rollout prompt where P_all cannot be
+built): ``mrtpo.rlsd_teacher=live``, the behaviour policy (the weights that sampled y, ms-swift's default:
+its log-probs come from the replay's P_all-only pass on the actor, fused with verl's old_log_prob step), or
+``initial``, the policy at step 0 (verl's reference worker holds exactly that model; the pass runs there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step
+from recipe.mrtpo.methods.gdpo import gdpo_advantage
+from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, AdvantageInputs, Method, ReplayPass, get_key
+
+RLSD_KNOBS = ("rlsd_lambda", "rlsd_reweight_clip_range", "rlsd_lambda_warmup_steps", "rlsd_lambda_decay_steps",
+              "rlsd_negative_only", "rlsd_teacher")
+
+
+def updates_per_step(config) -> int:
+    """The optimizer updates verl's actor makes in one training step: ``ppo_epochs`` x (``data.train_batch_size``
+    // ``ppo_mini_batch_size``), both in prompts (verl's update splits the step's train_batch_size x n
+    responses into mini-batches of ppo_mini_batch_size x n, every epoch)."""
+    actor = "actor_rollout_ref.actor"
+    epochs = int(get_key(config, f"{actor}.ppo_epochs", 1) or 1)
+    batch = int(get_key(config, "data.train_batch_size", 1) or 1)
+    mini = int(get_key(config, f"{actor}.ppo_mini_batch_size", batch) or batch)
+    return max(1, epochs) * max(1, batch // max(1, mini))
+
+
+def optimizer_steps(config, step: int) -> int:
+    """Optimizer updates completed before the advantage of training step ``step`` + 1 is computed (``step``
+    completed training steps): ms-swift's ``state.global_step`` (the Hugging Face Trainer's counter) at the
+    same point, 0 at the first step."""
+    return int(step) * updates_per_step(config)
+
+
+def rlsd_strength(cfg, step: int, config) -> float:
+    """lambda_s: ms-swift's warm-up / decay schedule (``core.advantage.rlsd_lambda``) at :func:`optimizer_steps`."""
+    from recipe.mrtpo.core.advantage import rlsd_lambda
+
+    return rlsd_lambda(optimizer_steps(config, step), cfg.rlsd_lambda, cfg.rlsd_lambda_warmup_steps,
+                       cfg.rlsd_lambda_decay_steps)
+
+
+def initial_teacher(cfg) -> bool:
+    """The pass runs on verl's reference policy (``mrtpo.rlsd_teacher=initial``)."""
+    return cfg.rlsd_teacher == "initial"
+
+
+def rlsd_advantage(inp: AdvantageInputs):
+    """GDPO's final advantage times r (module docstring). Rows the pass did not forward (the live teacher on a
+    row whose teacher prompt is its rollout prompt: the teacher is then the behaviour policy itself) have
+    d = 0 and keep GDPO's advantage exactly."""
+    import torch
+
+    from recipe.mrtpo.core.advantage import rlsd_reweight
+
+    adv, stats = gdpo_advantage(replace(inp, replay=None, strength=0.0))  # whitened and masked, as verl trains on it
+    cfg, rp, mask = inp.cfg, inp.replay, inp.mask
+    student = torch.zeros_like(adv)
+    teacher = student
+    rows = list(rp.rows) if rp is not None and rp.replay_logprobs is not None else []
+    if rows:
+        if inp.old_log_probs is None:
+            raise RuntimeError("method rlsd needs verl's old_log_probs in the batch (the student side of its weight)")
+        student = inp.old_log_probs.float().to(adv.device)
+        teacher = student.clone()
+        teacher[torch.tensor(rows, dtype=torch.long, device=adv.device)] = rp.replay_logprobs.float().to(adv.device)
+    out, weight = rlsd_reweight(adv, mask, teacher, student, inp.strength, cfg.rlsd_reweight_clip_range,
+                                cfg.rlsd_negative_only)
+    valid = mask > 0
+    acting = valid & (adv != 0)  # the weights that act (valid positions of a non-zero advantage)
+    w = weight[acting]
+    bound = inp.strength * cfg.rlsd_reweight_clip_range  # r lies in [1 - bound, 1 + bound]
+    delta = ((teacher - student) * mask)[torch.tensor(rows, dtype=torch.long, device=adv.device)] if rows else None
+    n_delta = mask[torch.tensor(rows, dtype=torch.long, device=adv.device)].sum() if rows else 0
+    stats.extra.update({
+        "mrtpo/rlsd/lambda": inp.strength,
+        "mrtpo/rlsd/teacher_initial": float(initial_teacher(cfg)),
+        "mrtpo/rlsd/rows_teacher": len(rows),  # rows with the teacher's own log-probs
+        "mrtpo/rlsd/rows_privileged": int(sum(rp.privileged)) if rp is not None else 0,  # P_all != rollout prompt
+        "mrtpo/rlsd/delta_mean": float(delta.sum() / n_delta) if rows and float(n_delta) > 0 else 0.0,
+        "mrtpo/rlsd/weight_mean": float(w.mean()) if w.numel() else 1.0,
+        "mrtpo/rlsd/weight_min": float(w.min()) if w.numel() else 1.0,
+        "mrtpo/rlsd/weight_max": float(w.max()) if w.numel() else 1.0,
+        "mrtpo/rlsd/clip_share": float(((w - 1).abs() >= bound - 1e-6).float().mean()) if w.numel() and bound > 0 else 0.0,
+        "mrtpo/rlsd/sign_flips": int(((torch.sign(out) != torch.sign(adv)) & valid).sum()),  # 0 by construction
+    })
+    return out, stats
+
+
+def check_rlsd_teacher(config, method: Method, cfg) -> None:
+    """``mrtpo.rlsd_teacher=initial`` reads verl's reference worker: the config must build it, as a full model
+    the pass can run (no LoRA reference, Ulysses SP 1, FSDP), or the run is refused before Ray starts."""
+    if not initial_teacher(cfg):
+        return
+    arr = "actor_rollout_ref"
+    lora = int(get_key(config, f"{arr}.model.lora.rank", 0) or 0) or int(get_key(config, f"{arr}.model.lora_rank", 0) or 0)
+    if lora > 0 or get_key(config, f"{arr}.model.lora_adapter_path") is not None:
+        raise ValueError("mrtpo.rlsd_teacher=initial is not supported with LoRA: verl's reference policy is then the actor "
+                         "with its adapter off, which the teacher pass does not run. Use mrtpo.rlsd_teacher=live.")
+    if not bool(get_key(config, f"{arr}.actor.use_kl_loss", False)):
+        raise ValueError(f"mrtpo.rlsd_teacher=initial takes the initial policy from verl's reference worker, which verl "
+                         f"builds only for a KL loss: set {arr}.actor.use_kl_loss=True (with kl_loss_coef=0 the loss is "
+                         "unchanged) or use mrtpo.rlsd_teacher=live.")
+    sp = int(get_key(config, f"{arr}.ref.ulysses_sequence_parallel_size", 1) or 1)
+    if sp > 1:
+        raise ValueError(f"{arr}.ref.ulysses_sequence_parallel_size={sp} is not supported with mrtpo.rlsd_teacher=initial: "
+                         f"the teacher pass runs whole sequences through the reference model. Set it to 1.")
+    strategy = str(get_key(config, f"{arr}.ref.strategy", "fsdp"))
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(f"{arr}.ref.strategy={strategy} is not supported with mrtpo.rlsd_teacher=initial: the teacher "
+                         "pass runs on the FSDP engine's Hugging Face module. Use fsdp2 (or fsdp).")
+
+
+RLSD = Method(
+    "rlsd", "RLSD: GDPO's final advantage times a clipped token weight from log p_T(y|P_all) - log p(y|prompt) (§1.8)",
+    "gdpo",
+    mode="rlsd", reads=(*STEP_KNOBS, *PASS_KNOBS, *RLSD_KNOBS),
+    replay=ReplayPass(variants="p_all", reference=initial_teacher), strength=rlsd_strength,
+    advantage=rlsd_advantage, checks=(check_per_reward_step, check_module_forward, check_rlsd_teacher),
+)

@@ -1,0 +1,154 @@
+"""The registry's types: what a method entry declares, and what its advantage and after-step hook receive.
+
+Standard library only (the run scripts read the registry through its command line with any python3); the
+torch and verl objects these types carry are typed ``Any``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+#: knobs that select the method (part of its ``overrides``), never "unread"
+SELECTORS = ("mode", "shuffle")
+#: how a pass runs, not what it computes: per-machine presets the run scripts set for every method of a
+#: (model, task) the same way, so they are not refused where no pass runs (they change no number)
+RESOURCE_KNOBS = ("replay_micro_batch_size", "chunk_size", "compile_js")
+#: knobs of the recipe's own advantage step, read by every method that runs it
+STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
+#: knobs of the replay pass, read by every method that replays
+PASS_KNOBS = ("max_replay_prompt_length",)
+
+#: the prompts a replay pass forwards (``ReplayPass.variants``)
+PASS_VARIANTS = ("per_reward", "joint", "p_all")
+
+
+@dataclass(frozen=True)
+class ReplayPass:
+    """What a method needs from the replay (``replay_driver.run_replay``).
+
+    ``variants``: ``per_reward``: P_all and one P_minus_k per reward whose group varies (MRTPO, shuffle);
+    ``joint``: P_all and CoRT's one P_none per sample; ``p_all``: the teacher prompt alone (P_all, or the
+    rollout prompt where P_all cannot be built), its log-probs of the sampled tokens returned, no relevance
+    (RLSD). ``reference``: ``cfg -> bool``, True where the pass runs through verl's reference policy (the
+    initial policy) instead of the actor; such a pass is never fused with verl's old_log_prob step.
+    """
+
+    variants: str = "per_reward"
+    measure: Optional[str] = None  # the worker's measure; None: ``mrtpo.measure``
+    reference: Optional[Callable[[Any], bool]] = None
+
+    def __post_init__(self) -> None:
+        if self.variants not in PASS_VARIANTS:
+            raise ValueError(f"ReplayPass.variants must be one of {PASS_VARIANTS}, got {self.variants!r}")
+
+    @property
+    def joint(self) -> bool:
+        return self.variants == "joint"
+
+    @property
+    def p_all_only(self) -> bool:
+        return self.variants == "p_all"
+
+    def measure_of(self, cfg) -> str:
+        return self.measure or cfg.measure
+
+    def on_reference(self, cfg) -> bool:
+        return bool(self.reference(cfg)) if self.reference is not None else False
+
+
+@dataclass(frozen=True)
+class GlueRef:
+    """A function of the trainer's glue, named by its module and imported when first called.
+
+    A method's after-step hook binds verl's batch and workers (TransferQueue, the worker group); naming it
+    keeps the registry, and everything that reads it (tools, config checks, the run scripts' command line),
+    free of those imports. The trainer calls it as the function itself.
+    """
+
+    module: str
+    name: str
+
+    def load(self) -> Callable:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __call__(self, *args, **kwargs):
+        return self.load()(*args, **kwargs)
+
+
+@dataclass
+class AdvantageInputs:
+    """What a method's advantage reads: the batch's rewards, groups and mask, the replay, verl's log-probs."""
+
+    cfg: Any  # MRTPOConfig
+    table: Any  # RewardTable
+    index: Any  # [B] group ids (verl's uid)
+    mask: Any  # [B, T] float response mask
+    valid: Any  # [B] bool: not one of verl's padding rows
+    step: int  # completed training steps
+    strength: float  # the method's schedule at this step (beta_s, lambda_s; 0 for GDPO)
+    replay: Any = None  # ReplayResult or None
+    old_log_probs: Any = None  # [B, T] verl's old_log_probs (the behaviour policy under the rollout prompt)
+
+
+@dataclass
+class StepContext:
+    """What an ``after_step`` hook may use: the batch, its reward table and the actor's workers, no trainer."""
+
+    config: Any  # the composed config
+    cfg: Any  # MRTPOConfig
+    batch: Any  # verl's batch meta (TransferQueue keys)
+    metrics: dict
+    table: Any  # RewardTable
+    fields: dict  # the step's own fetch: extra_fields, raw_prompt, prompts
+    tokenizer: Any
+    render: Callable[[list], list]  # chat messages -> prompt ids, as the rollout rendered them
+    worker_group: Any  # the actor's worker group (its registered methods, e.g. compute_opsd_teacher)
+    dp_size: Callable[[], int]  # the actor's data-parallel size
+
+
+@dataclass(frozen=True)
+class Method:
+    """One compared method (the registry's entry; ``recipe.mrtpo.methods`` documents each field)."""
+
+    name: str
+    summary: str
+    estimator: str  # algorithm.adv_estimator
+    mode: str = "mrtpo"  # mrtpo.mode
+    shuffle: bool = False  # mrtpo.shuffle
+    reads: tuple[str, ...] = ()
+    replay: Optional[ReplayPass] = None
+    # (MRTPOConfig, completed training steps, the composed config) -> the schedule of the token-level part
+    strength: Optional[Callable[[Any, int, Any], float]] = None
+    advantage: Optional[Callable[[AdvantageInputs], tuple]] = None
+    after_step: Optional[Callable[[StepContext], Any]] = None  # a GlueRef (or any callable)
+    checks: tuple[Callable[[Any, Method, Any], None], ...] = field(default=())  # (config, method, MRTPOConfig)
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        out = [f"algorithm.adv_estimator={self.estimator}"]
+        if self.mode != "mrtpo":
+            out.append(f"mrtpo.mode={self.mode}")
+        if self.shuffle:
+            out.append("mrtpo.shuffle=True")
+        return tuple(out)
+
+    @property
+    def recipe_step(self) -> bool:
+        """The recipe computes its advantage (else verl's estimator step runs unchanged)."""
+        return self.advantage is not None
+
+    def reads_knob(self, knob: str) -> bool:
+        return knob in self.reads or knob in SELECTORS or knob in RESOURCE_KNOBS
+
+
+def get_key(config, dotted: str, default=None):
+    """``config.a.b.c`` or ``default`` when any part is absent (composed DictConfig or plain dict)."""
+    node = config
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part, None)
+    return default if node is None else node

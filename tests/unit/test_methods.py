@@ -1,0 +1,54 @@
+"""The methods package: the registry agrees with the config, each hook named by its path loads, the command line
+answers with the standard library alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.mrtpo import methods
+from recipe.mrtpo.config import MODES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_registrys_modes_are_the_configs():
+    assert methods.modes() == MODES
+
+
+def test_every_named_hook_loads_a_function_of_its_method_package():
+    hooks = {name: m.after_step for name, m in methods.METHODS.items() if m.after_step is not None}
+    assert set(hooks) == {"opsd"}
+    for name, hook in hooks.items():
+        assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{name}")
+        assert callable(hook.load())
+
+
+def test_the_registry_imports_no_torch_or_verl():
+    """Importing the registry in a fresh interpreter loads neither torch nor verl nor the OPSD glue."""
+    code = ("import sys; import recipe.mrtpo.methods as m; m.resolve; "
+            "bad = [k for k in sys.modules if k.split('.')[0] in ('torch', 'verl', 'omegaconf') "
+            "or k.startswith('recipe.mrtpo.methods.opsd.') or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 on PATH")
+def test_the_command_line_lists_overrides_and_knobs():
+    def run(*args):
+        return subprocess.run(["python3", "-m", "recipe.mrtpo.methods", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    names = run("names")
+    assert names.returncode == 0 and names.stdout.split() == methods.names(), names.stderr
+    assert run("overrides", "rlsd").stdout.splitlines() == list(methods.get("rlsd").overrides)
+    assert "rlsd_lambda" in run("reads", "rlsd").stdout.split()
+    bad = run("overrides", "nope")
+    assert bad.returncode == 2 and "unknown method" in bad.stderr
