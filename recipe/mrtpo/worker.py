@@ -73,7 +73,7 @@ def check_pass_model(module, what: str) -> None:
     cfg = _hf_config(module)
     if cfg is None:
         return
-    msg = refusal(*config_facts(cfg), what=what)
+    msg = refusal(**config_facts(cfg), what=what)
     if msg:
         raise ValueError(msg)
 

@@ -173,3 +173,12 @@ def test_the_pass_device_is_verls_and_cpu_without_an_accelerator(monkeypatch):
     assert pass_device() == expect
     assert attn_implementation(SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))) == "flash_attention_2"
     assert attn_implementation(SimpleNamespace()) == ""
+
+
+def test_the_worker_refuses_a_vision_language_module_itself():
+    from recipe.mrtpo.worker import check_pass_model
+
+    vlm = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_vl", vision_config=SimpleNamespace()))
+    with pytest.raises(ValueError, match="vision-language"):
+        check_pass_model(vlm, "the MRTPO replay")
+    check_pass_model(SimpleNamespace(config=SimpleNamespace(model_type="qwen2")), "the MRTPO replay")

@@ -8,16 +8,20 @@ type and the attention implementation, and some models cannot be run that way at
   flash-attention's varlen path (the boundaries read from restarting ``position_ids``, what verl's
   ``use_remove_padding`` forward relies on). They pack under ``flash_attention_2`` / ``flash_attention_3``
   and take the ``sorted`` layout under any other attention.
-- ``sorted``: hybrid, linear-attention and state-space models (Qwen3-Next, Qwen3.5 text, Mamba and its
+- ``single``: hybrid, linear-attention and state-space models (Qwen3-Next, Qwen3.5 text, Mamba and its
   hybrids, ...). Their recurrent layers carry state from one packed sequence into the next unless the
-  forward is given ``cu_seqlens`` (which verl passes to its patched forwards); the plain forward is not, so
-  they never pack: each sequence is its own LEFT-padded row of a micro-batch, the padded positions masked
-  (their layers zero padded positions' states, so a left-padded row equals the sequence alone).
+  forward is given ``cu_seqlens`` (which verl passes to its patched forwards; the plain forward is not), and
+  they do not ignore left padding either (a tiny Qwen3-Next / Mamba2 gives other logits for a left-padded
+  row than for the sequence alone: ``tests/unit/test_model_support.py``), so each sequence is a forward of
+  its own, unpadded: exact, at the cost of more, smaller forwards.
 - refused: vision-language models (the type in verl 0.9.1's patched-VLM list, or any config with a
   ``vision_config``): verl's patched forwards ignore ``logits_to_keep`` and need the images and 3-D mrope
   position ids, which the passes do not carry. :func:`refusal` says so before Ray starts.
 
-Any model type not in the table takes the safe path, ``sorted``: never packed.
+The other types take ``sorted`` (micro-batches of LEFT-padded rows of similar length, attention masked) unless
+they pack. Any model type not in the table takes the safe path, ``sorted``: never packed; but one whose config looks
+recurrent (:func:`looks_recurrent`: a ``layer_types`` entry other than attention, or a state-space / linear
+attention size) is refused, because whether its layers ignore left padding is not known.
 """
 
 from __future__ import annotations
@@ -39,10 +43,10 @@ RECURRENT_TYPES = (
 #: ``apply_monkey_patch``): they ignore ``logits_to_keep`` and need images and mrope position ids
 VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "kimi_vl", "qwen3_5", "qwen3_5_moe")
 
-#: the one table: model type -> "packed" | "sorted" | "refused"
+#: the one table: model type -> "packed" | "single" | "refused"
 MODEL_TABLE: dict[str, str] = {
     **{t: "packed" for t in PACKED_TYPES},
-    **{t: "sorted" for t in RECURRENT_TYPES},
+    **{t: "single" for t in RECURRENT_TYPES},
     **{t: "refused" for t in VISION_TYPES},
 }
 #: attention implementations whose varlen path isolates packed sequences given restarting position ids
@@ -59,16 +63,49 @@ def may_pack(model_type: Optional[str], attn_implementation: Optional[str]) -> b
     return table_entry(model_type) == "packed" and str(attn_implementation or "") in VARLEN_ATTENTIONS
 
 
-def refusal(model_type: Optional[str], has_vision: bool = False, what: str = "the recipe's replay and teacher passes") -> Optional[str]:
-    """One line saying why ``what`` cannot run on this model (a vision-language model), else None."""
+#: ``layer_types`` entries of attention layers (anything else is a recurrent layer: linear attention, mamba, ...)
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local")
+#: config keys only recurrent (state-space / linear-attention / hybrid) models carry
+RECURRENT_CONFIG_KEYS = (
+    "ssm_state_size", "state_size", "mamba_d_state", "mamba_n_heads", "mamba_d_conv", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_conv_kernel_dim", "conv_kernel", "attn_layer_indices", "layers_block_type",
+    "hybrid_override_pattern", "block_types", "full_attn_idxs", "layer_block_types", "conv_L_cache", "rescale_every",
+)
+
+
+def looks_recurrent(get) -> bool:
+    """Whether a config (``get(key, default)``) has recurrent layers: a non-attention ``layer_types`` entry or a
+    :data:`RECURRENT_CONFIG_KEYS` key."""
+    layer_types = get("layer_types", None) or ()
+    if any(str(t) not in ATTENTION_LAYER_TYPES for t in layer_types):
+        return True
+    return any(get(k, None) is not None for k in RECURRENT_CONFIG_KEYS)
+
+
+def refusal(model_type: Optional[str], has_vision: bool = False, recurrent: bool = False,
+            what: str = "the recipe's replay and teacher passes",
+            otherwise: str = "choose a method without a replay or teacher pass (grpo, gdpo)") -> Optional[str]:
+    """One line saying why ``what`` cannot run on this model, else None: a vision-language model, or a model
+    type the table does not name whose config looks recurrent (module docstring)."""
     if has_vision or table_entry(model_type) == "refused":
         return (f"{what} do not support vision-language models (model type {model_type!r}): verl's patched forwards "
                 "ignore logits_to_keep and need the images and mrope position ids, which the passes do not carry; "
-                "use a text-only model or a method without a replay or teacher pass (grpo, gdpo)")
+                f"use a text-only model, or {otherwise}")
+    if recurrent and str(model_type or "") not in MODEL_TABLE:
+        return (f"{what} do not know model type {model_type!r}, whose config has recurrent (linear-attention / "
+                "state-space) layers: packed rows would carry their state across sequences and left padding is not "
+                f"known to be ignored; add the type to recipe/mrtpo/core/model_support.py with a test, or {otherwise}")
     return None
 
 
-def config_facts(hf_config) -> tuple[str, bool]:
-    """``(model_type, has_vision)`` of a Hugging Face config object or a config.json dict."""
-    get = hf_config.get if isinstance(hf_config, dict) else (lambda k, d=None: getattr(hf_config, k, d))
-    return str(get("model_type", "") or ""), get("vision_config", None) is not None
+def config_facts(hf_config) -> dict:
+    """``refusal``'s keywords (``model_type``, ``has_vision``, ``recurrent``) of a Hugging Face config object or a
+    config.json dict (a multimodal config's ``text_config`` is read for the layers)."""
+    def getter(c):
+        return c.get if isinstance(c, dict) else (lambda k, d=None: getattr(c, k, d))
+
+    get = getter(hf_config)
+    text = get("text_config", None)
+    recurrent = looks_recurrent(get) or (text is not None and looks_recurrent(getter(text)))
+    return {"model_type": str(get("model_type", "") or ""), "has_vision": get("vision_config", None) is not None,
+            "recurrent": recurrent}

@@ -12,6 +12,9 @@ Layouts (``PassSettings.layout``; the forwards hold, over the tokens that exist)
 - ``padded``: micro-batches in arrival order, each LEFT-padded to its longest sequence (n x longest tokens);
 - ``sorted``: the same micro-batches over rows sorted by length, a row's sequences kept together (each
   micro-batch pads to sequences of similar length);
+- ``single``: every forward holds one sequence, unpadded (the sorted order): what the model table gives
+  recurrent (hybrid, linear-attention, SSM) types, whose layers neither keep packed sequences apart nor ignore
+  left padding (measured on tiny Qwen3-Next / Mamba2: a left-padded row differs from the sequence alone);
 - ``packed``: a micro-batch is ONE row, its sequences concatenated with restarting position ids, logits
   kept only at response positions (``keep`` is then an index tensor): the tokens that exist, ~1.0x.
   The attention must keep the sequences apart: flash-attention's varlen path reads the boundaries from
@@ -54,7 +57,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from recipe.mrtpo.core.model_support import RECURRENT_TYPES, VARLEN_ATTENTIONS, may_pack
+from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
 
 
 class LogitsShapeError(RuntimeError):
@@ -122,7 +125,7 @@ def check_logits(logits: torch.Tensor, ids: torch.Tensor, keep) -> None:
 #         keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
 ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[int, torch.Tensor]], torch.Tensor]
 
-LAYOUTS = ("padded", "sorted", "packed")
+LAYOUTS = ("padded", "sorted", "packed", "single")
 PACKED_ATTENTIONS = ("varlen", "block_mask")
 #: dtypes a reduction's output may be rounded to (:func:`round_to`)
 REDUCTION_DTYPES = ("float32", "bfloat16", "float16")
@@ -237,18 +240,22 @@ class PassSettings:
 def resolve_layout(layout: str, attn_implementation: Optional[str], model_type: Optional[str] = None) -> tuple[str, str]:
     """(layout, packed_attention) for a requested layout (``auto`` or one of :data:`LAYOUTS`), the model's
     attention implementation and its model type, by the one table (:mod:`recipe.mrtpo.core.model_support`):
-    ``auto`` packs only a type the table marks ``packed`` under a varlen attention and sorts everything else
-    (an unknown type included); an explicit ``packed`` is refused for a recurrent (hybrid, linear-attention,
-    SSM) type, and takes the exact block mask under a non-varlen attention."""
+    a recurrent (hybrid, linear-attention, SSM) type always runs ``single`` (an explicit ``packed`` is refused);
+    otherwise ``auto`` packs only a type the table marks ``packed`` under a varlen attention and sorts
+    everything else (an unknown type included), and an explicit ``packed`` under a non-varlen attention takes
+    the exact block mask."""
     varlen = str(attn_implementation or "") in VARLEN_ATTENTIONS
+    attention = "varlen" if varlen else "block_mask"
+    if layout not in (*LAYOUTS, "auto"):
+        raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
+    if table_entry(model_type) == "single":
+        if layout == "packed":
+            raise ValueError(f"layout 'packed' is refused for model type {model_type!r}: its recurrent (linear-attention / "
+                             "state-space) layers would carry state across the packed sequences; use layout 'auto'")
+        return "single", attention
     if layout == "auto":
         layout = "packed" if may_pack(model_type, attn_implementation) else "sorted"
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
-    if layout == "packed" and model_type in RECURRENT_TYPES:
-        raise ValueError(f"layout 'packed' is refused for model type {model_type!r}: its recurrent (linear-attention / "
-                         "state-space) layers would carry state across the packed sequences; use layout 'sorted' or 'auto'")
-    return layout, "varlen" if varlen else "block_mask"
+    return layout, attention
 
 
 @dataclass(frozen=True)
@@ -291,20 +298,28 @@ def forward_tokens(mb: list[PassSequence], layout: str) -> int:
     return len(mb) * max(s.length for s in mb)
 
 
+def _row_ordered(seqs: list[PassSequence]) -> list[PassSequence]:
+    """Rows by their longest sequence, longest first (stable), a row's sequences together and in their order."""
+    groups: dict[int, list[PassSequence]] = {}
+    for s in seqs:
+        groups.setdefault(s.row, []).append(s)
+    ordered = sorted(groups.values(), key=lambda g: -max(s.length for s in g))  # stable: ties keep row order
+    return [s for g in ordered for s in g]
+
+
 def plan_forwards(seqs: list[PassSequence], settings: PassSettings) -> list[list[PassSequence]]:
     """The forwards of a pass: the one packer (module docstring).
 
-    ``padded`` keeps the arrival order; ``sorted`` and ``packed`` first order rows by their longest
+    ``padded`` keeps the arrival order; ``sorted``, ``packed`` and ``single`` first order rows by their longest
     sequence, longest first, a row's sequences kept together and in their order (a reduction that needs a
     row's reference before its variants, as the replay's P_all, gets it). Then consecutive sequences fill a
-    forward while :func:`forward_tokens` stays within the budget (or ``micro_batch_size`` sequences).
+    forward while :func:`forward_tokens` stays within the budget (or ``micro_batch_size`` sequences);
+    ``single``: one sequence a forward.
     """
+    if settings.layout == "single":  # one unpadded sequence per forward, rows longest first, kept together
+        return [[s] for s in _row_ordered(seqs)]
     if settings.layout != "padded":
-        groups: dict[int, list[PassSequence]] = {}
-        for s in seqs:
-            groups.setdefault(s.row, []).append(s)
-        ordered = sorted(groups.values(), key=lambda g: -max(s.length for s in g))  # stable: ties keep row order
-        seqs = [s for g in ordered for s in g]
+        seqs = _row_ordered(seqs)
     budget = settings.token_budget
     batches: list[list[PassSequence]] = []
     cur: list[PassSequence] = []
