@@ -97,11 +97,13 @@ def run_replay(
     token_budget: int = 0,
     *,
     fused: bool = False,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> ReplayResult:
     """Plan, dispatch and map back the replay of one batch (module docstring).
 
     ``token_budget``: padded tokens per replay forward (verl's ``log_prob_max_token_len_per_gpu`` under
     ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    ``row_render``: per sample its render where samples were rendered with different tools (``build_replay_plan``).
     ``fused``: the same pass also yields verl's old_log_probs and entropy of every sample
     (``result.old_log_probs`` / ``entropy``): a replayed row whose variant is the rollout prompt gets them
     from that variant's forward, every other sample from one forward of its rollout prompt (an extra row).
@@ -111,7 +113,7 @@ def run_replay(
     plan = build_replay_plan(
         table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
         max_prompt_length=cfg.max_replay_prompt_length, joint=spec.joint, pad_id=pad_id,
-        rollout_prompts=rollout_prompts,
+        rollout_prompts=rollout_prompts, row_render=row_render,
     )
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
     result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows))

@@ -40,6 +40,7 @@ from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_adva
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
+from recipe.mrtpo.rollout_render import RolloutRender, tools_key
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)
@@ -206,12 +207,52 @@ class MRTPOTrainer(PPOTrainerSync):
         return adv
 
     # ------------------------------------------------------------------ replay
-    def _render(self, messages: list[dict]) -> list[int]:
-        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+    def _render(self, messages: list[dict], tools: Optional[list[dict]] = None) -> list[int]:
+        """A prompt's ids as verl's rollout renders them (``rollout_render``: its chat-template arguments, the
+        row's ``tools``)."""
+        return self._rollout_render.render_ids(self.tokenizer, messages, tools)
+
+    @property
+    def _rollout_render(self) -> RolloutRender:
+        rr = getattr(self, "_rollout_render_obj", None)
+        if rr is None:
+            rr = self._rollout_render_obj = RolloutRender(self.config)
+        return rr
+
+    def _row_tools(self, batch, n: int) -> Optional[list]:
+        """Per sample the ``tools=`` the rollout rendered it with; None when no row can have any (no tool config).
+        The row's ``agent_name`` and ``extra_info.tool_selection`` are read from the batch where it holds them,
+        else the config's default agent loop and no selection."""
+        rr = self._rollout_render
+        if not rr.has_tools:
+            return None
+        agents, infos = [None] * n, [None] * n
+        try:
+            got = verl_seam.fetch_fields(batch, ["agent_name", "extra_info"])
+            agents, infos = _tolist(got["agent_name"]) or agents, _tolist(got["extra_info"]) or infos
+        except Exception as e:  # fields the batch does not hold: the config's defaults
+            logger.warning("mrtpo: the batch holds no agent_name / extra_info (%s); rendering with the default agent loop's tools", e)
+        return [rr.tools_of(a, x if isinstance(x, dict) else None) for a, x in zip(agents, infos)]
+
+    def _planner_renders(self, tools: Optional[list]):
+        """``(render, row_render, renders)``: the planner's CachedRender (its text through verl's chat-template
+        call with the rollout's arguments, its pieces tokenized together), one per distinct tool list."""
+        tok, rr = self.tokenizer, self._rollout_render
+        renders: dict[str, CachedRender] = {}
+
+        def make(t):
+            return CachedRender(render_text=lambda m: rr.render_text(tok, m, t),
+                                encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"])
+
+        def of(t):
+            key = tools_key(t)
+            if key not in renders:
+                renders[key] = make(t)
+            return renders[key]
+
+        render = of(None)
+        row_render = (lambda i: of(tools[i])) if tools is not None else None
+        return render, row_render, renders
 
     def _strength(self) -> float:
         """The method's schedule (beta_s, lambda_s) at this step, s = completed steps; 0 for a method without one."""
@@ -263,19 +304,16 @@ class MRTPOTrainer(PPOTrainerSync):
         # the planning renders each distinct prompt once and tokenizes the batch's distinct line-led pieces of
         # text in one call (the variants of a group share all but a sentence or a block; checked against whole
         # renders)
-        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
-        tok = self.tokenizer
-        render = CachedRender(
-            render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
-            encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"],
-        )
+        # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
+        render, row_render, renders = self._planner_renders(self._row_tools(batch, len(messages)))
         result = run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
             rollout_prompts=_rows(meta["prompts"]), render=render, dispatch=self._dispatch_replay,
             dp_size=self._actor_dp_size(), temperature=float(self.config.actor_rollout_ref.rollout.temperature),
             pad_id=int(self.tokenizer.pad_token_id or 0), token_budget=token_budget(self.config), fused=fused,
+            row_render=row_render,
         )
-        result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
+        result.metrics["mrtpo/plan_piece_mismatches"] = sum(r.encoder.mismatches for r in renders.values())
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result
 

@@ -58,6 +58,7 @@ def build_replay_plan(
     joint: bool = False,
     pad_id: int = 0,
     rollout_prompts: Optional[Sequence[Sequence[int]]] = None,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> ReplayPlan:
     """Plan and pack the replay of a batch.
 
@@ -73,6 +74,8 @@ def build_replay_plan(
         joint: CoRT-style single P_none replay shared by every reward of the sample.
         rollout_prompts: per sample its rollout prompt ids: ``plan.rollout_variant`` then says, per row,
             which variant they are (:func:`rollout_prompt_variant`).
+        row_render: sample index -> its render, where samples were rendered differently (the tools the
+            rollout rendered each with: ``recipe.mrtpo.rollout_render``); ``render`` for all when None.
     """
     B, K = scores.shape
     variance = group_has_variance(scores, index)
@@ -83,11 +86,13 @@ def build_replay_plan(
     per_row = []
     wanted = {i: [reward_names[k] for k in range(K) if variance[i, k]] for i in range(B)}
     built = {i: variant_messages(messages[i], contexts[i] or {}, want, joint=joint) for i, want in wanted.items() if want}
-    prepare = getattr(render, "prepare", None)
-    if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
-        prepare([m for vm in built.values() for m in vm.all_messages()])
+    renders = {i: row_render(i) if row_render is not None else render for i in built}
+    for r in {id(r): r for r in renders.values()}.values():
+        prepare = getattr(r, "prepare", None)
+        if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
+            prepare([m for i, vm in built.items() if renders[i] is r for m in vm.all_messages()])
     for i, vm in built.items():
-        sv = render_variants(vm, render, max_prompt_length)
+        sv = render_variants(vm, renders[i], max_prompt_length)
         plan.pairs_fallback += len(sv.fallbacks)
         plan.fallback_reasons.update(sv.fallbacks.values())
         if not sv.pair_variant:
