@@ -36,7 +36,7 @@ RESOURCE_KNOBS = ("replay_micro_batch_size", "chunk_size", "compile_js")
 #: knobs of the recipe's own advantage step, read by every method that runs it
 STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays
-PASS_KNOBS = ("max_replay_prompt_length",)
+PASS_KNOBS = ("max_replay_prompt_length", "fused_check_every")
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,30 @@ def run_replay(
     return result
 
 
+#: mean |fused - verl| log-prob above which the standing check warns, by the actor's parameter dtype (the fused
+#: pass computes verl's numbers: on CPU fp32 to ~1e-6, bf16 bitwise or within the forwards' padding noise,
+#: mean ~1e-5; a wrong temperature rounding, row mapping or layout is far above; docs/fused_pass.md)
+FUSED_CHECK_THRESHOLDS = {"fp32": 1e-4, "bf16": 1e-2}
+
+
+def fused_check_metrics(fused: torch.Tensor, verl: torch.Tensor, response_mask: torch.Tensor,
+                        valid: Optional[torch.Tensor] = None) -> dict:
+    """``mrtpo/consistency/fused_vs_verl_{mean,p99,max}``: |fused - verl's own| old log-prob over the valid
+    response tokens of the ``valid`` rows (verl's padding rows left out), and the tokens compared."""
+    m = response_mask > 0
+    if valid is not None:
+        m &= torch.as_tensor(valid, dtype=torch.bool).unsqueeze(-1)
+    T = min(fused.shape[-1], verl.shape[-1], m.shape[-1])
+    d = (fused[:, :T].float() - verl[:, :T].float()).abs()[m[:, :T]]
+    out = {"mrtpo/consistency/fused_vs_verl_tokens": int(d.numel())}
+    if d.numel():
+        sample = d if d.numel() <= 1 << 24 else d[torch.randperm(d.numel(), generator=torch.Generator().manual_seed(0))[: 1 << 24]]
+        out.update({"mrtpo/consistency/fused_vs_verl_mean": float(d.mean()),
+                    "mrtpo/consistency/fused_vs_verl_p99": float(torch.quantile(sample, 0.99)),
+                    "mrtpo/consistency/fused_vs_verl_max": float(d.max())})
+    return out
+
+
 def with_rollout_rows(inputs: dict, samples: list[int], rollout_prompts, responses: torch.Tensor,
                       response_mask: torch.Tensor, pad_id: int) -> dict:
     """``inputs`` plus one row per sample of ``samples``: its rollout prompt as variant 0, nothing replayed,

@@ -38,7 +38,7 @@ from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
-from recipe.mrtpo.replay_driver import ReplayResult, run_replay
+from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, fused_check_metrics, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender, tools_key
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -276,12 +276,47 @@ class MRTPOTrainer(PPOTrainerSync):
         self._fused_replay = None
         if not self._fuses_old_log_prob():
             return super()._compute_old_log_prob(batch, metrics)
+        check = self._fused_check_due()
+        # the standing check: verl's own old_log_prob first (its call writes log_probs / entropy; the fused step's
+        # entropy is written after it), the fused pass's compared with it below
+        verl_lp = verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg) if check else None
         ob = verl_seam.read_old_log_prob_batch(self.config, batch)
         extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
         table = read_reward_table(extras, ob.uid)
         result = self._run_replay(batch, ob, table, fused=True)
         self._fused_replay = (list(batch.keys), result)
+        if verl_lp is not None:
+            self._fused_check(result.old_log_probs, verl_lp, ob, batch, metrics)
         return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
+
+    def _fused_check_due(self) -> bool:
+        """Whether this fused step runs verl's own old_log_prob beside the fused pass (``mrtpo.fused_check_every``:
+        the run's first fused step, then every step with ``global_steps % N == 0``; never at 0)."""
+        every = int(self.mrtpo.fused_check_every)
+        if every <= 0:
+            return False
+        first = not getattr(self, "_fused_checked", False)
+        if first or int(self.global_steps) % every == 0:
+            self._fused_checked = True
+            return True
+        return False
+
+    def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, ob, batch, metrics: dict) -> None:
+        """Log ``mrtpo/consistency/fused_vs_verl_*`` and warn in one line above the dtype's threshold."""
+        valid = ~padding_rows(batch, ob.uid)
+        m = fused_check_metrics(fused, verl_lp, ob.response_mask, valid)
+        metrics.update(m)
+        from omegaconf import OmegaConf
+
+        dtype = OmegaConf.select(self.config, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", default=None)
+        key = "fp32" if str(dtype or "bf16") in ("fp32", "float32", "float") else "bf16"  # verl's default: bf16
+        mean = m.get("mrtpo/consistency/fused_vs_verl_mean", 0.0)
+        if mean > FUSED_CHECK_THRESHOLDS[key]:
+            logger.warning("mrtpo: step %s: the fused old_log_probs differ from verl's own by %.3g on average (max %.3g) "
+                           "over %d tokens, above the %s threshold %.0e: check the replay's numerics (docs/fused_pass.md)",
+                           self.global_steps, mean, m.get("mrtpo/consistency/fused_vs_verl_max", 0.0),
+                           m["mrtpo/consistency/fused_vs_verl_tokens"], key, FUSED_CHECK_THRESHOLDS[key])
+            metrics["mrtpo/consistency/fused_vs_verl_warning"] = 1
 
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fields: Optional[dict] = None) -> ReplayResult:
         fused, self._fused_replay = getattr(self, "_fused_replay", None), None

@@ -219,3 +219,19 @@ def named_source(name: str) -> str:
 def check_numerics_sources() -> list[str]:
     """The :data:`NUMERICS_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
     return [n for n, sha in NUMERICS_SOURCES.items() if source_sha256(named_source(n)) != sha]
+
+
+def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
+    """verl's own old log-probs of ``batch``, padded [B, T] as :func:`read_old_log_prob_batch` pads: step 1 of
+    ``_compute_old_log_prob`` (the same ``extra_info`` and ``compute_log_prob`` call), then its step 2's
+    ``response_from_nested``, without writing ``old_log_probs`` (the fused step writes its own). verl's call
+    also leaves its ``log_probs`` / ``entropy`` fields in TransferQueue, as its own step does; the fused step
+    writes ``entropy`` after it."""
+    from verl.workers.utils.padding import response_from_nested
+
+    batch.extra_info.update({"calculate_entropy": True, "compute_loss": False,
+                             "temperature": config.actor_rollout_ref.rollout.temperature})
+    output = actor_rollout_wg.compute_log_prob(batch)
+    assert len(output) == len(batch)
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["log_probs", "response_mask"])
+    return torch.nested.to_padded_tensor(response_from_nested(data["log_probs"], data["response_mask"]), 0.0).float()

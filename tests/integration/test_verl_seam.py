@@ -116,3 +116,13 @@ def test_the_vision_types_are_verls_patched_vlm_forwards():
     named = set(re.findall(r'model_type (?:in \[([^\]]*)\]|== "([^"]+)")', src))
     types = {t.strip().strip('"') for a, b in named for t in (a.split(",") if a else [b])}
     assert types == set(VISION_TYPES), types ^ set(VISION_TYPES)
+
+
+def test_the_standing_checks_call_is_verls_step_1():
+    """``verl_old_log_probs`` (the fused step's standing check) re-states step 1 of ``_compute_old_log_prob``."""
+    src = verl_seam.upstream_source("_compute_old_log_prob")
+    for line in ('"calculate_entropy": True,', '"compute_loss": False,',
+                 '"temperature": self.config.actor_rollout_ref.rollout.temperature,',
+                 "output: KVBatchMeta = self.actor_rollout_wg.compute_log_prob(batch)",
+                 'data["old_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])'):
+        assert line in src, line
