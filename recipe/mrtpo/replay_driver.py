@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
-from recipe.mrtpo.core.passes import response_lengths
+from recipe.mrtpo.core.passes import FUSED_CHECK_THRESHOLDS, response_lengths  # noqa: F401  (the trainer's)
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.methods import replay_pass_of
@@ -170,12 +170,6 @@ def run_replay(
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
-
-
-#: mean |fused - verl| log-prob above which the standing check warns, by the actor's parameter dtype (the fused
-#: pass computes verl's numbers: on CPU fp32 to ~1e-6, bf16 bitwise or within the forwards' padding noise,
-#: mean ~1e-5; a wrong temperature rounding, row mapping or layout is far above; docs/fused_pass.md)
-FUSED_CHECK_THRESHOLDS = {"fp32": 1e-4, "bf16": 1e-2}
 
 
 def fused_check_metrics(fused: torch.Tensor, verl: torch.Tensor, response_mask: torch.Tensor,
