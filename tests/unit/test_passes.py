@@ -105,7 +105,7 @@ def test_replay_is_the_same_in_every_layout(model, budget):
     lpv = torch.tensor([0, 2, 0, 1, 0])
     outs = {}
     with torch.no_grad():
-        for layout in ("padded", "sorted", "packed"):
+        for layout in ("padded", "sorted", "packed", "single"):
             outs[layout] = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=3, token_budget=budget,
                                             temperature=0.8, logprob_variant=lpv, layout=layout, packed_attention="block_mask")
         one = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=1, temperature=0.8, logprob_variant=lpv,
@@ -118,6 +118,7 @@ def test_replay_is_the_same_in_every_layout(model, budget):
     existing = int(one["tokens_existing"])
     assert int(outs["packed"]["tokens_forwarded"]) == existing  # the tokens that exist, no padding
     assert min(int(outs[k]["tokens_forwarded"]) for k in ("padded", "sorted")) >= existing
+    assert int(outs["single"]["tokens_forwarded"]) == existing  # one unpadded sequence a forward
 
 
 def test_teacher_is_the_same_in_every_layout_with_gaps(model):
