@@ -30,7 +30,10 @@ sorted), it times:
 
 and prints ``replay / (NV x olp rmpad)`` (1.0: each variant costs one of verl's log-prob passes) and peak
 memory. Then, on the mix: the compiled against the eager JS (max |dq|), the replay's log-probs of P_all
-against the remove-padding old_log_prob (the consistency the trainer logs, mean / p99 / max), and the noise
+against the remove-padding old_log_prob (the consistency the trainer logs, mean / p99 / max), the trainer's
+standing check at ``--check-temperatures`` (the fused pass's old log-probs against verl's ``forward_step``
+numerics: autocast, the temperature divided in the logits' dtype, fp32 log-probs; against the threshold the
+trainer warns above), and the noise
 floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a longer sequence, and the q of
 a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
 """
@@ -193,6 +196,76 @@ def old_log_prob_rmpad(model, prompts, lens0, responses, mask, budget: int, devi
 
 
 
+def verl_forward_step_log_probs(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str,
+                                temperature: float) -> torch.Tensor:
+    """verl 0.9.1's old_log_prob numerics (``FSDPEngineWithLMHead.forward_step`` with ``use_remove_padding``), for
+    the standing check on a machine without verl: the remove-padding forward under ``torch.autocast`` in the
+    model's dtype (none in fp32), the logits divided as ``_scale_logits_by_temperature`` divides them
+    (``logits / temperature.clamp(min=1e-8).to(logits.dtype)``, not at all at exactly 1.0), the log-prob in fp32
+    (flash-attention's cross entropy, verl's GPU path)."""
+    seqs = _rows_of(prompts, lens0, responses, mask)
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    dtype = next(model.parameters()).dtype
+    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=dtype) if dtype != torch.float32
+                else torch.autocast(device_type=torch.device(device).type, enabled=False))
+    r = 0
+    while r < len(seqs):
+        rows, total = [r], len(seqs[r][0])
+        while r + len(rows) < len(seqs) and total + len(seqs[r + len(rows)][0]) <= budget:
+            total += len(seqs[r + len(rows)][0])
+            rows.append(r + len(rows))
+        ids = torch.cat([seqs[i][0] for i in rows])[None].to(device)
+        pos = torch.cat([torch.arange(len(seqs[i][0])) for i in rows])[None].to(device)
+        kwargs = {}
+        if attn != "flash_attention_2":
+            seg = torch.cat([torch.full((len(seqs[i][0]),), k) for k, i in enumerate(rows)]).to(device)
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool, device=device).tril()
+            mask4 = torch.zeros(1, 1, total, total, dtype=dtype, device=device)
+            kwargs["attention_mask"] = mask4.masked_fill(~allowed, torch.finfo(mask4.dtype).min)
+        with autocast:
+            logits = model(input_ids=ids, position_ids=pos, use_cache=False, **kwargs).logits[0]
+            if float(temperature) != 1.0:
+                logits = logits / torch.tensor([float(temperature)], device=device).clamp(min=1e-8).to(logits.dtype)
+        start = 0
+        for i in rows:
+            L, n = len(seqs[i][0]), seqs[i][1]
+            y = responses[i, :n].to(device)
+            lp = torch.log_softmax(logits[start + L - n - 1: start + L - 1].float(), -1)
+            out[i, :n] = lp.gather(-1, y[:, None]).squeeze(-1).cpu()
+            start += L
+        del logits
+        r += len(rows)
+    return out
+
+
+def fused_check(model, mix: dict, args, temperature: float) -> dict:
+    """The trainer's standing check on the mix: the fused pass's old log-probs (``replay_relevance`` with each
+    row's rollout prompt forwarded for its log-probs, under the autocast verl's engine uses, the layout the model
+    table gives Qwen2 under this attention) against :func:`verl_forward_step_log_probs`; mean / p99 / max |d|."""
+    from recipe.mrtpo.core.passes import FUSED_CHECK_THRESHOLDS, PassSettings, resolve_layout
+
+    var, lens, responses, mask = mix["inputs"]
+    R = var.shape[0]
+    layout, packed_attention = resolve_layout("auto", args.attn, "qwen2")
+    settings = PassSettings(temperature=temperature, micro_batch_size=8, token_budget=args.token_budget, layout=layout,
+                            packed_attention=packed_attention)
+    dtype = DTYPES[args.dtype]
+    fwd = hf_forward(model)
+
+    def autocast_fwd(*a):
+        with torch.autocast(device_type=torch.device(args.device).type, dtype=dtype, enabled=dtype != torch.float32):
+            return fwd(*a)
+
+    with torch.no_grad():
+        fused = replay_relevance(autocast_fwd, var, lens, responses, mask, torch.full((R, 1), -1), settings=settings,
+                                 logprob_variant=torch.zeros(R, dtype=torch.long), device=args.device)["replay_logprobs"]
+        verl = verl_forward_step_log_probs(model, var[:, 0], lens[:, 0], responses, mask, args.token_budget, args.device,
+                                           args.attn, temperature)
+    d = (fused - verl).abs()[mask > 0]
+    key = "fp32" if args.dtype == "fp32" else "bf16"
+    return {"d": d, "layout": layout, "threshold": FUSED_CHECK_THRESHOLDS[key], "key": key}
+
+
 def best_time(fn, repeats: int, device: str):
     """(best seconds over ``repeats`` after one warm-up call, peak GiB of the timed calls, the last result)."""
     out = fn()
@@ -232,7 +305,7 @@ def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bo
     x = t_rep / (nv_mean * t_rm)
     print(f"{label:>6} | {len(lengths):>4} | {int(mask.sum()):>7} | {nv_mean:>4.1f} | {t_pad * 1e3:9.1f}ms | {t_rm * 1e3:9.1f}ms | "
           f"{t_rep * 1e3:9.1f}ms | {x:13.2f} | {m_rm:9.2f} | {m_rep:9.2f}", flush=True)
-    return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay}
+    return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay, "inputs": (var, lens, responses, mask)}
 
 
 def _stats(values: torch.Tensor) -> str:
@@ -255,6 +328,8 @@ def main(argv: Optional[list[str]] = None) -> float:
     ap.add_argument("--token-budget", type=int, default=24576, help="tokens per forward (log_prob_max_token_len_per_gpu)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-compile-js", dest="compile_js", action="store_false")
+    ap.add_argument("--check-temperatures", nargs="+", type=float, default=[1.0, 0.7],
+                    help="temperatures of the fused check against verl's old_log_prob numerics (the mix)")
     ap.add_argument("--floor-rows", type=int, default=2, help="noise floor: sequences measured")
     ap.add_argument("--floor-response-len", type=int, default=1024)
     args = ap.parse_args(argv)
@@ -298,6 +373,11 @@ def main(argv: Optional[list[str]] = None) -> float:
         print("mix: compiled vs eager JS: skipped (--no-compile-js)")
     dlp = (mix["rep"]["replay_logprobs"] - mix["lp_rmpad"]).abs()[valid]
     print(f"mix: replay log-probs of P_all vs old_log_prob (remove padding), |d| over {int(valid.sum())} tokens: {_stats(dlp)}")
+    for t in args.check_temperatures:  # the trainer's standing check (mrtpo.fused_check_every), verl's numerics
+        chk = fused_check(model, mix, args, t)
+        ok = "ok" if float(chk["d"].mean()) <= chk["threshold"] else "ABOVE"
+        print(f"mix: fused check at temperature {t}: fused old_log_probs ({chk['layout']}) vs verl's forward_step numerics, "
+              f"|d| over {chk['d'].numel()} tokens: {_stats(chk['d'])}; {ok} the {chk['key']} threshold {chk['threshold']:.0e}")
     floor = noise_floor(hf_forward(model), args.vocab, args.floor_rows, args.prompt_len[1], args.floor_response_len,
                         args.prompt_len[1] + args.floor_response_len + 256, 16, 0.5, device=args.device)
     print(f"noise floor of q over {floor['positions']} positions (P_all against itself beside a longer sequence): mean "

@@ -32,11 +32,18 @@ def check_config(config):
     """Refuse, before Ray starts, every composed configuration the recipe cannot run, saying what to change.
 
     Returns the run's method (:func:`recipe.mrtpo.methods.resolve`: every ``mrtpo.*`` value checked, a setting
-    the method does not read or a combination it cannot run refused with the setting and the method named).
+    the method does not read or a combination it cannot run refused with the setting and the method named),
+    after :func:`recipe.mrtpo.pass_checks.check_pass_support` (a vision-language or unknown recurrent model,
+    LoRA: refused for a method that replays or teaches).
     """
     if not config.trainer.use_v1:
         raise ValueError("the MRTPO recipe runs on verl's v1 trainer (trainer.use_v1=True)")
-    return methods.resolve(config)
+    method = methods.resolve(config)
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.pass_checks import check_pass_support
+
+    check_pass_support(config, method, mrtpo_config(config.get("mrtpo", None)))  # the passes' models and adapters
+    return method
 
 
 def check_launch(config, local_paths: bool = True):

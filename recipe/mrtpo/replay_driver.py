@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
-from recipe.mrtpo.core.passes import response_lengths
+from recipe.mrtpo.core.passes import FUSED_CHECK_THRESHOLDS, response_lengths  # noqa: F401  (the trainer's)
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_p_all_plan, build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.methods.registry import replay_pass_of
@@ -101,11 +101,13 @@ def run_replay(
     token_budget: int = 0,
     *,
     fused: bool = False,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> ReplayResult:
     """Plan, dispatch and map back the replay of one batch (module docstring).
 
     ``token_budget``: padded tokens per replay forward (verl's ``log_prob_max_token_len_per_gpu`` under
     ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    ``row_render``: per sample its render where samples were rendered with different tools (``build_replay_plan``).
     ``fused``: the same pass also yields verl's old_log_probs and entropy of every sample
     (``result.old_log_probs`` / ``entropy``): a replayed row whose variant is the rollout prompt gets them
     from that variant's forward, every other sample from one forward of its rollout prompt (an extra row).
@@ -118,13 +120,13 @@ def run_replay(
     if spec.p_all_only:  # the teacher prompt alone, its log-probs (RLSD)
         plan = build_p_all_plan(
             len(table.names), table.contexts, messages, responses, response_mask, render, rollout_prompts,
-            max_prompt_length=cfg.max_replay_prompt_length, pad_id=pad_id, every_row=reference,
+            max_prompt_length=cfg.max_replay_prompt_length, pad_id=pad_id, every_row=reference, row_render=row_render,
         )
     else:
         plan = build_replay_plan(
             table.scores, index, table.names, table.contexts, messages, responses, response_mask, render,
             max_prompt_length=cfg.max_replay_prompt_length, joint=spec.joint, pad_id=pad_id,
-            rollout_prompts=rollout_prompts,
+            rollout_prompts=rollout_prompts, row_render=row_render,
         )
     B, K, T = table.scores.shape[0], len(table.names), responses.shape[1]
     result = ReplayResult(relevance=torch.zeros(B, K, T), replayed=plan.replayed_mask, rows=list(plan.rows),
@@ -182,6 +184,24 @@ def run_replay(
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
+
+
+def fused_check_metrics(fused: torch.Tensor, verl: torch.Tensor, response_mask: torch.Tensor,
+                        valid: Optional[torch.Tensor] = None) -> dict:
+    """``mrtpo/consistency/fused_vs_verl_{mean,p99,max}``: |fused - verl's own| old log-prob over the valid
+    response tokens of the ``valid`` rows (verl's padding rows left out), and the tokens compared."""
+    m = response_mask > 0
+    if valid is not None:
+        m &= torch.as_tensor(valid, dtype=torch.bool).unsqueeze(-1)
+    T = min(fused.shape[-1], verl.shape[-1], m.shape[-1])
+    d = (fused[:, :T].float() - verl[:, :T].float()).abs()[m[:, :T]]
+    out = {"mrtpo/consistency/fused_vs_verl_tokens": int(d.numel())}
+    if d.numel():
+        sample = d if d.numel() <= 1 << 24 else d[torch.randperm(d.numel(), generator=torch.Generator().manual_seed(0))[: 1 << 24]]
+        out.update({"mrtpo/consistency/fused_vs_verl_mean": float(d.mean()),
+                    "mrtpo/consistency/fused_vs_verl_p99": float(torch.quantile(sample, 0.99)),
+                    "mrtpo/consistency/fused_vs_verl_max": float(d.max())})
+    return out
 
 
 def with_rollout_rows(inputs: dict, samples: list[int], rollout_prompts, responses: torch.Tensor,

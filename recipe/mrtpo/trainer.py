@@ -41,8 +41,9 @@ from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
-from recipe.mrtpo.replay_driver import ReplayResult, run_replay
+from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, fused_check_metrics, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
+from recipe.mrtpo.rollout_render import RolloutRender, tools_key
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)
@@ -209,12 +210,52 @@ class MRTPOTrainer(PPOTrainerSync):
         return adv
 
     # ------------------------------------------------------------------ replay
-    def _render(self, messages: list[dict]) -> list[int]:
-        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+    def _render(self, messages: list[dict], tools: Optional[list[dict]] = None) -> list[int]:
+        """A prompt's ids as verl's rollout renders them (``rollout_render``: its chat-template arguments, the
+        row's ``tools``)."""
+        return self._rollout_render.render_ids(self.tokenizer, messages, tools)
+
+    @property
+    def _rollout_render(self) -> RolloutRender:
+        rr = getattr(self, "_rollout_render_obj", None)
+        if rr is None:
+            rr = self._rollout_render_obj = RolloutRender(self.config)
+        return rr
+
+    def _row_tools(self, batch, n: int) -> Optional[list]:
+        """Per sample the ``tools=`` the rollout rendered it with; None when no row can have any (no tool config).
+        The row's ``agent_name`` and ``extra_info.tool_selection`` are read from the batch where it holds them,
+        else the config's default agent loop and no selection."""
+        rr = self._rollout_render
+        if not rr.has_tools:
+            return None
+        agents, infos = [None] * n, [None] * n
+        try:
+            got = verl_seam.fetch_fields(batch, ["agent_name", "extra_info"])
+            agents, infos = _tolist(got["agent_name"]) or agents, _tolist(got["extra_info"]) or infos
+        except Exception as e:  # fields the batch does not hold: the config's defaults
+            logger.warning("mrtpo: the batch holds no agent_name / extra_info (%s); rendering with the default agent loop's tools", e)
+        return [rr.tools_of(a, x if isinstance(x, dict) else None) for a, x in zip(agents, infos)]
+
+    def _planner_renders(self, tools: Optional[list]):
+        """``(render, row_render, renders)``: the planner's CachedRender (its text through verl's chat-template
+        call with the rollout's arguments, its pieces tokenized together), one per distinct tool list."""
+        tok, rr = self.tokenizer, self._rollout_render
+        renders: dict[str, CachedRender] = {}
+
+        def make(t):
+            return CachedRender(render_text=lambda m: rr.render_text(tok, m, t),
+                                encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"])
+
+        def of(t):
+            key = tools_key(t)
+            if key not in renders:
+                renders[key] = make(t)
+            return renders[key]
+
+        render = of(None)
+        row_render = (lambda i: of(tools[i])) if tools is not None else None
+        return render, row_render, renders
 
     def _strength(self) -> float:
         """The method's schedule (beta_s, lambda_s) at this step, s = completed steps; 0 for a method without one."""
@@ -240,12 +281,47 @@ class MRTPOTrainer(PPOTrainerSync):
         self._fused_replay = None
         if not self._fuses_old_log_prob():
             return super()._compute_old_log_prob(batch, metrics)
+        check = self._fused_check_due()
+        # the standing check: verl's own old_log_prob first (its call writes log_probs / entropy; the fused step's
+        # entropy is written after it), the fused pass's compared with it below
+        verl_lp = verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg) if check else None
         ob = verl_seam.read_old_log_prob_batch(self.config, batch)
         extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
         table = read_reward_table(extras, ob.uid)
         result = self._run_replay(batch, ob, table, fused=True)
         self._fused_replay = (list(batch.keys), result)
+        if verl_lp is not None:
+            self._fused_check(result.old_log_probs, verl_lp, ob, batch, metrics)
         return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
+
+    def _fused_check_due(self) -> bool:
+        """Whether this fused step runs verl's own old_log_prob beside the fused pass (``mrtpo.fused_check_every``:
+        the run's first fused step, then every step with ``global_steps % N == 0``; never at 0)."""
+        every = int(self.mrtpo.fused_check_every)
+        if every <= 0:
+            return False
+        first = not getattr(self, "_fused_checked", False)
+        if first or int(self.global_steps) % every == 0:
+            self._fused_checked = True
+            return True
+        return False
+
+    def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, ob, batch, metrics: dict) -> None:
+        """Log ``mrtpo/consistency/fused_vs_verl_*`` and warn in one line above the dtype's threshold."""
+        valid = ~padding_rows(batch, ob.uid)
+        m = fused_check_metrics(fused, verl_lp, ob.response_mask, valid)
+        metrics.update(m)
+        from omegaconf import OmegaConf
+
+        dtype = OmegaConf.select(self.config, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", default=None)
+        key = "fp32" if str(dtype or "bf16") in ("fp32", "float32", "float") else "bf16"  # verl's default: bf16
+        mean = m.get("mrtpo/consistency/fused_vs_verl_mean", 0.0)
+        if mean > FUSED_CHECK_THRESHOLDS[key]:
+            logger.warning("mrtpo: step %s: the fused old_log_probs differ from verl's own by %.3g on average (max %.3g) "
+                           "over %d tokens, above the %s threshold %.0e: check the replay's numerics (docs/fused_pass.md)",
+                           self.global_steps, mean, m.get("mrtpo/consistency/fused_vs_verl_max", 0.0),
+                           m["mrtpo/consistency/fused_vs_verl_tokens"], key, FUSED_CHECK_THRESHOLDS[key])
+            metrics["mrtpo/consistency/fused_vs_verl_warning"] = 1
 
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fields: Optional[dict] = None) -> ReplayResult:
         fused, self._fused_replay = getattr(self, "_fused_replay", None), None
@@ -268,12 +344,8 @@ class MRTPOTrainer(PPOTrainerSync):
         # the planning renders each distinct prompt once and tokenizes the batch's distinct line-led pieces of
         # text in one call (the variants of a group share all but a sentence or a block; checked against whole
         # renders)
-        kwargs = dict(self.config.data.get("apply_chat_template_kwargs", None) or {})
-        tok = self.tokenizer
-        render = CachedRender(
-            render_text=lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs),
-            encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"],
-        )
+        # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
+        render, row_render, renders = self._planner_renders(self._row_tools(batch, len(messages)))
         on_ref = self.method.replay.on_reference(self.mrtpo)
         result = run_replay(
             self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
@@ -281,9 +353,9 @@ class MRTPOTrainer(PPOTrainerSync):
             dispatch=self._dispatch_reference if on_ref else self._dispatch_replay,
             dp_size=self._dp_size("ref" if on_ref else "actor"),
             temperature=float(self.config.actor_rollout_ref.rollout.temperature), pad_id=int(self.tokenizer.pad_token_id or 0),
-            token_budget=token_budget(self.config, reference=on_ref), fused=fused,
+            token_budget=token_budget(self.config, reference=on_ref), fused=fused, row_render=row_render,
         )
-        result.metrics["mrtpo/plan_piece_mismatches"] = render.encoder.mismatches
+        result.metrics["mrtpo/plan_piece_mismatches"] = sum(r.encoder.mismatches for r in renders.values())
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result
 

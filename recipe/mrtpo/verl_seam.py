@@ -186,3 +186,52 @@ def write_old_log_probs(config, batch, ob: AdvantageBatch, old_log_probs: torch.
     if config.actor_rollout_ref.rollout.calculate_log_probs:
         metrics.update(calculate_debug_metrics(data))
     return batch
+
+
+# ------------------------------------------------------------------ the numerics of verl's log-prob forward
+#: verl 0.9.1 functions whose arithmetic the pass engine reproduces (``recipe.mrtpo.core.passes``: Numerics;
+#: ``worker.engine_autocast`` / ``verl_numerics``), by ``module:qualname`` -> sha256 of the dedented source:
+#: ``forward_step``'s autocast, ``prepare_model_outputs``' temperature division, log-prob and entropy calls,
+#: the division itself, and the log-prob / entropy functions it calls.
+NUMERICS_SOURCES = {
+    "verl.workers.engine.fsdp.transformer_impl:_scale_logits_by_temperature": "c5128d4596dc71ada3160cd9bcefc3aced525cb67f79cd074205301a3069db67",
+    "verl.workers.engine.fsdp.transformer_impl:_is_scalar_unit_temperature": "4f6d4dd7e72432d31d3496dc3d0ffa4c0111495327d1a5bfda5c4bef6dc17df8",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step": "35c9ddd611db7d0e53975708e21276d033d31bd46d5c348654666067672b1714",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs": "8c6d3c14a91f44dbfb40089fc1ad6aa1b5f862e12e2f8bda38159279f7dd249e",
+    "verl.utils.torch_functional:logprobs_from_logits": "dffd21fe40eb806b45d740d0753a7f969889366c80e32e354988cc20f1e9d726",
+    "verl.utils.torch_functional:logprobs_from_logits_v2": "1074be97faf338ae07d3c2351db0752714541a17e0616a785ee65b6fc14ea262",
+    "verl.utils.torch_functional:entropy_from_logits": "f69d6578eeb3b2e4375c3db34ef2bf1638b050badc8084feac8f38d5971b7ece",
+    "verl.utils.torch_functional:entropy_from_logits_with_chunking": "bde1bbefafdf7c31e3edd208e44941dafebc4b2d0e1f157ff2844c6831c41e93",
+}
+
+
+def named_source(name: str) -> str:
+    """The dedented source of ``module:qualname`` (what :data:`NUMERICS_SOURCES` hashes)."""
+    import importlib
+
+    mod, qual = name.split(":")
+    obj = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def check_numerics_sources() -> list[str]:
+    """The :data:`NUMERICS_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return [n for n, sha in NUMERICS_SOURCES.items() if source_sha256(named_source(n)) != sha]
+
+
+def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
+    """verl's own old log-probs of ``batch``, padded [B, T] as :func:`read_old_log_prob_batch` pads: step 1 of
+    ``_compute_old_log_prob`` (the same ``extra_info`` and ``compute_log_prob`` call), then its step 2's
+    ``response_from_nested``, without writing ``old_log_probs`` (the fused step writes its own). verl's call
+    also leaves its ``log_probs`` / ``entropy`` fields in TransferQueue, as its own step does; the fused step
+    writes ``entropy`` after it."""
+    from verl.workers.utils.padding import response_from_nested
+
+    batch.extra_info.update({"calculate_entropy": True, "compute_loss": False,
+                             "temperature": config.actor_rollout_ref.rollout.temperature})
+    output = actor_rollout_wg.compute_log_prob(batch)
+    assert len(output) == len(batch)
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["log_probs", "response_mask"])
+    return torch.nested.to_padded_tensor(response_from_nested(data["log_probs"], data["response_mask"]), 0.0).float()

@@ -48,13 +48,78 @@ def pass_device() -> torch.device:
     return torch.device(name, get_device_id())
 
 
-def attn_implementation(module) -> str:
-    """The module's attention implementation (``config._attn_implementation``; "" when it has none)."""
+def _hf_config(module):
     for m in (module, getattr(module, "_fsdp_wrapped_module", None), getattr(module, "module", None)):
         cfg = getattr(m, "config", None)
         if cfg is not None:
-            return str(getattr(cfg, "_attn_implementation", "") or "")
-    return ""
+            return cfg
+    return None
+
+
+def attn_implementation(module) -> str:
+    """The module's attention implementation (``config._attn_implementation``; "" when it has none)."""
+    cfg = _hf_config(module)
+    return str(getattr(cfg, "_attn_implementation", "") or "") if cfg is not None else ""
+
+
+def model_type(module) -> str:
+    """The module's ``config.model_type`` ("" when it has none): the row of the model table it takes."""
+    cfg = _hf_config(module)
+    return str(getattr(cfg, "model_type", "") or "") if cfg is not None else ""
+
+
+def check_pass_model(module, what: str) -> None:
+    """Refuse a model the passes cannot run (``core.model_support.refusal``: a vision-language model); the
+    launch check (``main_mrtpo.check_launch``) refuses it before Ray, this is the worker's own guard."""
+    from recipe.mrtpo.core.model_support import config_facts, refusal
+
+    cfg = _hf_config(module)
+    if cfg is None:
+        return
+    msg = refusal(**config_facts(cfg), what=what)
+    if msg:
+        raise ValueError(msg)
+
+
+def engine_autocast(engine):
+    """The autocast context verl 0.9.1's ``FSDPEngineWithLMHead.forward_step`` runs the model (and its
+    temperature division and log-prob) under: ``torch.autocast(get_device_name(), engine._autocast_dtype)``
+    (bf16 when the engine does not say), none when that dtype is fp32."""
+    from contextlib import nullcontext
+
+    from verl.utils.device import get_device_name
+
+    dtype = getattr(engine, "_autocast_dtype", torch.bfloat16)
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=get_device_name(), dtype=dtype)
+
+
+def verl_numerics(engine, device) -> dict:
+    """The dtypes verl's own log-prob and entropy of the actor's logits come out in (``PassSettings.logprob_dtype``,
+    ``entropy_dtype``), read off verl's functions under the engine's autocast: the logits are in the autocast
+    dtype (fp32 without autocast); ``verl.utils.torch_functional.logprobs_from_logits`` returns fp32 through
+    flash-attention's cross entropy and the logits' dtype through its fallback; the entropy is
+    ``entropy_from_logits_with_chunking`` (fp32) when ``engine_config.entropy_from_logits_with_chunking``, else
+    ``entropy_from_logits`` (its torch.compile'd form returns the same dtype)."""
+    from verl.utils import torch_functional as verl_F
+    from verl.workers.engine.fsdp import transformer_impl  # the name its prepare_model_outputs calls
+
+    dtype = getattr(engine, "_autocast_dtype", torch.bfloat16)
+    chunked = bool(getattr(getattr(engine, "engine_config", None), "entropy_from_logits_with_chunking", False))
+    with engine_autocast(engine), torch.no_grad():
+        x = torch.zeros(2, 4, dtype=dtype, device=device)
+        lp = transformer_impl.logprobs_from_logits(x, torch.zeros(2, dtype=torch.long, device=device), inplace_backward=False)
+        ent = (verl_F.entropy_from_logits_with_chunking if chunked else verl_F.entropy_from_logits)(x)
+    return {"logprob_dtype": str(lp.dtype).removeprefix("torch."), "entropy_dtype": str(ent.dtype).removeprefix("torch.")}
+
+
+def autocast_forward(forward, engine):
+    """``forward`` run under :func:`engine_autocast` (the ForwardFn the passes get)."""
+
+    def fwd(*args):
+        with engine_autocast(engine):
+            return forward(*args)
+
+    return fwd
 
 
 def _sync_max(n: int) -> int:
@@ -67,14 +132,15 @@ def _wire(data: TensorDict, keys: tuple[str, ...]) -> dict:
     return {k: tu.get(data, key=k) for k in keys}
 
 
-def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = "") -> tuple[PassSettings, dict]:
+def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = "", **model) -> tuple[PassSettings, dict]:
     """The pass settings of ``data`` and its other settings ``keys``; a clear error naming ``method`` when
-    one is missing."""
+    one is missing. ``model``: what the worker knows of the model and verl (``model_type``, ``logprob_dtype``,
+    ``entropy_dtype``)."""
     wire = _wire(data, tuple(dict.fromkeys((*PassSettings.WIRE_KEYS, *keys))))
     missing = [k for k in keys if k != "layout" and wire.get(k) is None]
     if missing:
         raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
-    return PassSettings.from_wire(wire, method, attn), wire
+    return PassSettings.from_wire(wire, method, attn, **model), wire
 
 
 def _pass_counts(out: dict, rows: int) -> torch.Tensor:
@@ -85,7 +151,7 @@ def _pass_counts(out: dict, rows: int) -> torch.Tensor:
     return counts.expand(rows, len(keys)).clone()
 
 
-def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
+def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:
     """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
 
     ``data``: the packed rows (``variant_ids``, ``variant_lens``, ``responses``, ``response_mask``,
@@ -95,7 +161,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
     [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`);
     with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
-    settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn)
+    settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
     fused = bool(tu.get(data, key="fused") or False)  # optional: the old_log_prob step fused with the replay
     out = replay_relevance(
         forward,
@@ -155,15 +221,20 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
 
     def _no_grad_pass(self, rows_fn, data: TensorDict, what: str, engine=None) -> TensorDict:
-        """``rows_fn(forward, data, device, sync, attn)`` through an FSDP engine's module (the actor's unless
-        ``engine`` is given) in eval mode, without gradients (the shared body of the passes above)."""
+        """``rows_fn(forward, data, device, sync, attn, **model)`` through an FSDP engine's module (the actor's
+        unless ``engine`` is given) in eval mode, without gradients, each forward under verl's autocast
+        (:func:`engine_autocast`), the reductions rounded as verl's (:func:`verl_numerics`), the layout by the
+        model table (the shared body of the passes above)."""
         engine = self.actor.engine if engine is None else engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
             raise NotImplementedError(f"{what} runs the plain module forward: ulysses sequence parallel > 1 is not supported")
         with engine.eval_mode(), torch.no_grad():
             module = engine.module
-            return rows_fn(hf_forward(module), data, pass_device(), _sync_max, attn_implementation(module))
+            check_pass_model(module, what)
+            device = pass_device()
+            return rows_fn(autocast_forward(hf_forward(module), engine), data, device, _sync_max, attn_implementation(module),
+                           model_type=model_type(module), **verl_numerics(engine, device))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
@@ -188,13 +259,13 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         return super().update_actor(data)
 
 
-def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "") -> TensorDict:
+def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:
     """This rank's rows through :func:`recipe.mrtpo.methods.opsd.teacher.teacher_topk_rows` (the trainer-free part of
     :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``methods.opsd.driver.TEACHER_SETTINGS``)."""
     from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
     from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
-    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn)
+    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn, **model)
     out = teacher_topk_rows(
         forward,
         data["prompt_ids"].cpu(),

@@ -85,6 +85,11 @@ def test_mrtpo_two_steps_replay(mrtpo_run):
     assert s2["mrtpo/consistency/rows"] == 0 and s2["mrtpo/consistency/fused_rows"] > 0
     assert abs(s1["actor/ppo_kl"]) < 1e-4 and abs(s2["actor/ppo_kl"]) < 1e-4, (s1["actor/ppo_kl"], s2["actor/ppo_kl"])
     assert math.isfinite(s2["actor/entropy"]) and s2["actor/entropy"] > 0
+    # the standing check (mrtpo.fused_check_every): the run's first fused step also runs verl's own old_log_prob,
+    # and the fused log-probs agree with it to fp32 numerics
+    assert s2["mrtpo/consistency/fused_vs_verl_tokens"] > 0 and s2["mrtpo/consistency/fused_vs_verl_mean"] < 1e-4
+    assert s2["mrtpo/consistency/fused_vs_verl_max"] < 1e-3 and "mrtpo/consistency/fused_vs_verl_warning" not in s2
+    assert "mrtpo/consistency/fused_vs_verl_mean" not in s1  # step 1 is not fused
 
     print(f"\n[e2e mrtpo] wall {res.wall_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB, "
           f"replay {s2['mrtpo/replay_time_s']:.2f}s vs step {s2.get('timing_s/step', float('nan')):.2f}s")
@@ -107,6 +112,8 @@ def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir
     assert s3["mrtpo/pairs_replayed"] == int(var3.sum()) > 0
     assert ((rel3 >= 0) & (rel3 <= 1)).all() and (rel3.sum(-1)[var3] > 0).all() and (rel3[~var3] == 0).all()
     assert s3["mrtpo/consistency/fused_rows"] > 0 and abs(s3["actor/ppo_kl"]) < 1e-4 and s3["mrtpo/weight_max"] > 1.0
+    # the resumed run's first fused step is checked against verl's old_log_prob as well
+    assert s3["mrtpo/consistency/fused_vs_verl_tokens"] > 0 and s3["mrtpo/consistency/fused_vs_verl_mean"] < 1e-4
     print(f"\n[e2e mrtpo resume] wall {res3.wall_s:.0f}s, peak PSS {res3.peak_pss_gib:.1f} GiB")
 
 

@@ -23,7 +23,7 @@ def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_ste
     td["rollout_log_probs"] = want  # as if the rollout engine's log-probs were exact: verl's debug metrics then read ~0
     fake = FakeTQ(td)
     monkeypatch.setattr(verl_seam, "tq", fake)
-    trainer, calls = make_trainer(tok, model, 6, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")
+    trainer, calls = make_trainer(tok, model, 6, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=0")
     trainer.actor_rollout_wg.compute_log_prob = lambda *_: pytest.fail("verl's compute_log_prob ran on a fused step")
     meta = Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train")
     metrics: dict = {}
@@ -79,7 +79,7 @@ def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advant
     td["rollout_log_probs"] = want
     fake = FakeTQ(td)
     monkeypatch.setattr(verl_seam, "tq", fake)
-    trainer, calls = make_trainer(tok, model, 6, *RLSD)
+    trainer, calls = make_trainer(tok, model, 6, *RLSD, "mrtpo.fused_check_every=0")  # the check: its own test below
     assert trainer._fuses_old_log_prob()
     trainer._compute_old_log_prob(meta, {})
     assert calls == [8]  # 4 rows under P_all, 4 under the rollout prompt, one dispatch
@@ -91,3 +91,55 @@ def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advant
     assert calls == [8] and metrics["mrtpo/replay_fused_old_log_prob"] == 1 and metrics["mrtpo/rlsd/rows_teacher"] == 4
     got, ref = fake.put["advantages"].to_padded_tensor(0.0), unfused.put["advantages"].to_padded_tensor(0.0)
     assert torch.allclose(got, ref, atol=1e-5) and float((got - ref).abs().max()) < 1e-5
+
+
+def _verl_compute_log_prob(fake, prompt_len: int, want, shift: float = 0.0, calls=None):
+    """A stand-in for verl's ``compute_log_prob``: writes ``log_probs`` over [prompt | response] (nested), as its
+    worker does, holding ``want`` (+ ``shift``) at the positions that predict the response."""
+    def compute_log_prob(meta):
+        assert meta.extra_info == {"calculate_entropy": True, "compute_loss": False, "temperature": 1.0}  # verl's step 1
+        if calls is not None:
+            calls.append(True)
+        rows = [torch.cat([torch.zeros(prompt_len - 1), w + shift, torch.zeros(1)]) for w in want.unbind()]
+        fake.td["log_probs"] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        return meta
+    return compute_log_prob
+
+
+def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_fused_step(monkeypatch, tiny, caplog):  # noqa: F811
+    tok, model = tiny
+    td, _, responses = make_batch(tok, model)
+    want = td["old_log_probs"]
+    del td["old_log_probs"]
+    td["rollout_log_probs"] = want
+    fake = FakeTQ(td)
+    monkeypatch.setattr(verl_seam, "tq", fake)
+    trainer, _ = make_trainer(tok, model, 7, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=4")
+    verl_calls: list = []
+    trainer.actor_rollout_wg.compute_log_prob = _verl_compute_log_prob(fake, len(render(tok, MSGS)), want, calls=verl_calls)
+    keys = [f"{u}_0_{i}" for i, u in enumerate(UIDS)]
+    seen = {}
+    for step in (7, 8, 9, 12):  # 7: the run's first fused step; 8 and 12: multiples of 4
+        trainer.global_steps = step
+        metrics: dict = {}
+        trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
+        seen[step] = {k: v for k, v in metrics.items() if "fused_vs_verl" in k}
+        assert set(fake.put) >= {"old_log_probs", "entropy"}
+    assert len(verl_calls) == 3 and not seen[9]
+    for step in (7, 8, 12):
+        m = seen[step]
+        assert m["mrtpo/consistency/fused_vs_verl_tokens"] == sum(LENS)
+        assert m["mrtpo/consistency/fused_vs_verl_max"] < 1e-5 and m["mrtpo/consistency/fused_vs_verl_p99"] <= m["mrtpo/consistency/fused_vs_verl_max"]
+        assert "mrtpo/consistency/fused_vs_verl_warning" not in m
+    # a fused pass off verl's numbers (here verl's shifted by 0.05) is logged and warned about in one line
+    trainer.actor_rollout_wg.compute_log_prob = _verl_compute_log_prob(fake, len(render(tok, MSGS)), want, shift=0.05)
+    trainer.global_steps, metrics = 16, {}
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+        trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
+    assert abs(metrics["mrtpo/consistency/fused_vs_verl_mean"] - 0.05) < 1e-4 and metrics["mrtpo/consistency/fused_vs_verl_warning"] == 1
+    lines = [r.getMessage() for r in caplog.records if "fused old_log_probs differ" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "bf16 threshold" in lines[0]
+    # and the check off: verl's call never runs
+    trainer2, _ = make_trainer(tok, model, 7, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=0")
+    trainer2.actor_rollout_wg.compute_log_prob = lambda *_: pytest.fail("verl's compute_log_prob ran with the check off")
+    trainer2._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), {})

@@ -82,3 +82,56 @@ def test_entry_point_prints_one_line_and_debug_the_traceback(args, message):
     proc = subprocess.run([sys.executable, "-m", "recipe.mrtpo.main_mrtpo", *args, "--debug"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+
+
+from recipe.mrtpo.main_mrtpo import check_config  # noqa: E402
+from recipe.mrtpo.methods import METHODS  # noqa: E402
+
+
+def _model_folder(tmp_path, name, config):
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}}, "vision-language models (model type 'qwen2_5_vl')"),
+    ({"model_type": "my_vlm", "vision_config": {}}, "vision-language models (model type 'my_vlm')"),
+    ({"model_type": "some_new_hybrid", "layer_types": ["linear_attention", "full_attention"]},
+     "do not know model type 'some_new_hybrid', whose config has recurrent"),
+])
+def test_models_the_passes_cannot_run_exactly_are_refused_in_one_line_before_ray(tmp_path, config, words):
+    from recipe.mrtpo.main_mrtpo import check_launch
+
+    folder = _model_folder(tmp_path, "model", config)
+    for name in ("mrtpo", "opsd"):
+        cfg = _compose(f"actor_rollout_ref.model.path={folder}", *METHODS[name].overrides)
+        with pytest.raises(ValueError) as exc:
+            check_launch(cfg, local_paths=False)
+        line = one_line(exc.value)
+        assert words in line and "\n" not in str(exc.value), line
+    assert "mrtpo.replay=False" in one_line(pytest.raises(ValueError, check_launch, _compose(
+        f"actor_rollout_ref.model.path={folder}"), local_paths=False).value)
+    # no pass runs: verl's own methods, and the replay turned off, accept the model
+    # (check_config: check_launch's first step, which refuses; verl's own checks after it need batch sizes)
+    check_config(_compose(f"actor_rollout_ref.model.path={folder}", "algorithm.adv_estimator=gdpo"))
+    check_config(_compose(f"actor_rollout_ref.model.path={folder}", "mrtpo.replay=False"))
+
+
+def test_known_hybrid_and_dense_models_pass_the_check(tmp_path):
+    for cfg in ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, {"model_type": "qwen2"}):
+        folder = _model_folder(tmp_path, cfg["model_type"], cfg)
+        check_config(_compose(f"actor_rollout_ref.model.path={folder}"))
+
+
+def test_lora_is_refused_for_methods_that_replay_or_teach():
+    from recipe.mrtpo.main_mrtpo import check_launch
+
+    for name in ("mrtpo", "opsd", "rlsd"):
+        with pytest.raises(ValueError, match=r"lora_rank=8 \(LoRA\) is not supported with method") as exc:
+            check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS[name].overrides), local_paths=False)
+        assert "actor_rollout_ref.model.lora_rank=0" in one_line(exc.value)
+    check_config(_compose("actor_rollout_ref.model.lora_rank=8", "algorithm.adv_estimator=gdpo"))

@@ -338,3 +338,14 @@ def test_rlsds_teacher_is_read_by_rlsd_only():
     assert check_config(compose_cfg(*RLSD, "mrtpo.rlsd_teacher=live")).name == "rlsd"
     with pytest.raises(ValueError, match="mrtpo.rlsd_teacher=initial is not read by method gdpo"):
         check_config(compose_cfg("algorithm.adv_estimator=gdpo", "mrtpo.rlsd_teacher=initial"))
+
+
+def test_fused_check_every_is_typed_checked_and_read_by_the_replay_methods():
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    assert check_config(compose_cfg("mrtpo.fused_check_every=3")).name == "mrtpo"
+    assert check_config(compose_cfg("mrtpo.fused_check_every=0")).name == "mrtpo"
+    with pytest.raises(ValueError, match="mrtpo.fused_check_every must be >= 0"):
+        check_config(compose_cfg("mrtpo.fused_check_every=-1"))
+    with pytest.raises(ValueError, match="mrtpo.fused_check_every=3 is not read by method gdpo"):
+        check_config(compose_cfg("mrtpo.fused_check_every=3", "algorithm.adv_estimator=gdpo"))

@@ -71,3 +71,58 @@ def test_the_old_log_prob_guard_notices_a_changed_line_and_the_mirrored_lines_ar
         'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)',
     ):
         assert line in src, line
+
+
+# ------------------------------------------------------------------ the numerics of verl's log-prob forward
+def test_the_numerics_the_pass_engine_reproduces_are_verls_pinned_ones():
+    assert verl_seam.check_numerics_sources() == [], "verl changed: re-check recipe/mrtpo/core/passes.py (Numerics)"
+
+
+def test_the_mirrored_numerics_lines_are_upstream():
+    fwd = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step")
+    for line in ('autocast_dtype = getattr(self, "_autocast_dtype", torch.bfloat16)',
+                 "if autocast_dtype == torch.float32", "else torch.autocast(device_type=device_name, dtype=autocast_dtype)"):
+        assert line in fwd, line  # worker.engine_autocast
+    scale = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:_scale_logits_by_temperature")
+    assert "return logits / temperature.clamp(min=1e-8).to(logits.dtype)" in scale  # passes.scale_logits
+    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    assert "log_probs = logprobs_from_logits(" in out and "entropy = verl_F.entropy_from_logits(logits)" in out
+
+
+def test_scale_logits_is_verls_division_bit_for_bit():
+    import torch
+    from verl.workers.engine.fsdp.transformer_impl import _scale_logits_by_temperature
+
+    from recipe.mrtpo.core.passes import scale_logits
+
+    x = torch.randn(5, 7, 33) * 4
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for t in (1.0, 0.7, 0.6, 1.3):
+            want = _scale_logits_by_temperature(x.to(dtype), torch.full((5, 1, 1), t), is_unit_temperature=t == 1.0)
+            got = scale_logits(x.to(dtype), t)
+            assert got.dtype == want.dtype and torch.equal(got, want), (dtype, t)
+    assert float(torch.tensor(0.7).to(torch.bfloat16)) == 0.69921875  # the rounding verl's division makes
+
+
+def test_the_vision_types_are_verls_patched_vlm_forwards():
+    import inspect
+    import re
+
+    from verl.models.transformers import monkey_patch
+
+    from recipe.mrtpo.core.model_support import VISION_TYPES
+
+    src = inspect.getsource(monkey_patch.apply_monkey_patch)
+    named = set(re.findall(r'model_type (?:in \[([^\]]*)\]|== "([^"]+)")', src))
+    types = {t.strip().strip('"') for a, b in named for t in (a.split(",") if a else [b])}
+    assert types == set(VISION_TYPES), types ^ set(VISION_TYPES)
+
+
+def test_the_standing_checks_call_is_verls_step_1():
+    """``verl_old_log_probs`` (the fused step's standing check) re-states step 1 of ``_compute_old_log_prob``."""
+    src = verl_seam.upstream_source("_compute_old_log_prob")
+    for line in ('"calculate_entropy": True,', '"compute_loss": False,',
+                 '"temperature": self.config.actor_rollout_ref.rollout.temperature,',
+                 "output: KVBatchMeta = self.actor_rollout_wg.compute_log_prob(batch)",
+                 'data["old_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])'):
+        assert line in src, line

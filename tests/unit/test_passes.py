@@ -76,7 +76,8 @@ def test_packed_inputs_restart_positions_keep_response_rows_and_mask_blocks():
     assert blocked[5, :5].all() and not blocked[4, :5].any() and blocked[0, 1]  # no look across, causal within
     _, varlen, _, _, _ = forward_inputs(mb, prompts, responses, PassSettings(layout="packed", packed_attention="varlen"))
     assert varlen is None  # flash-attention reads the boundaries from the restarting position ids
-    assert resolve_layout("auto", "flash_attention_2") == ("packed", "varlen")
+    assert resolve_layout("auto", "flash_attention_2", "qwen2") == ("packed", "varlen")
+    assert resolve_layout("auto", "flash_attention_2") == ("sorted", "varlen")  # unknown type: the safe path
     assert resolve_layout("auto", "sdpa") == ("sorted", "block_mask")
 
 
@@ -104,7 +105,7 @@ def test_replay_is_the_same_in_every_layout(model, budget):
     lpv = torch.tensor([0, 2, 0, 1, 0])
     outs = {}
     with torch.no_grad():
-        for layout in ("padded", "sorted", "packed"):
+        for layout in ("padded", "sorted", "packed", "single"):
             outs[layout] = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=3, token_budget=budget,
                                             temperature=0.8, logprob_variant=lpv, layout=layout, packed_attention="block_mask")
         one = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=1, temperature=0.8, logprob_variant=lpv,
@@ -117,6 +118,7 @@ def test_replay_is_the_same_in_every_layout(model, budget):
     existing = int(one["tokens_existing"])
     assert int(outs["packed"]["tokens_forwarded"]) == existing  # the tokens that exist, no padding
     assert min(int(outs[k]["tokens_forwarded"]) for k in ("padded", "sorted")) >= existing
+    assert int(outs["single"]["tokens_forwarded"]) == existing  # one unpadded sequence a forward
 
 
 def test_teacher_is_the_same_in_every_layout_with_gaps(model):
@@ -164,7 +166,7 @@ def test_pass_settings_travel_and_missing_ones_are_named():
     assert wire["token_budget"] == 0 and wire["pad_token_id"] == 3
     back = PassSettings.from_wire(wire, "m", "sdpa")
     assert back.layout == "sorted" and back.chunk_size == 16 and back.token_budget is None
-    assert PassSettings.from_wire(wire, "m", "flash_attention_2").layout == "packed"
+    assert PassSettings.from_wire(wire, "m", "flash_attention_2", "qwen2").layout == "packed"
     with pytest.raises(ValueError, match=r"m: settings \['chunk_size'\] missing"):
         PassSettings.from_wire({k: v for k, v in wire.items() if k != "chunk_size"}, "m")
     assert isinstance(row_sequences(0, [0, 2], [5, 4], 3)[1], PassSequence) and row_sequences(0, [0, 2], [5, 4], 3)[1].last_of_row
@@ -237,3 +239,38 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
             assert (fused.old_log_probs[i][mask[i] == 0] == 0).all()
     assert fused.consistency_metrics(mask, fused.old_log_probs) == {"mrtpo/consistency/rows": 0, "mrtpo/consistency/fused_rows": 2}
     assert "mrtpo/replay_tokens_max" in fused.metrics and PS.from_wire({**PS().to_wire(), "layout": "packed"}, "m").layout == "packed"
+
+
+@pytest.mark.parametrize("layout", ["sorted", "packed"])
+def test_a_forward_that_ignores_logits_to_keep_fails_loudly(layout):
+    """verl's patched VLM forwards return full logits whatever ``logits_to_keep`` asks: the pass must not read them."""
+    from recipe.mrtpo.core.passes import LogitsShapeError, run_pass
+
+    V = 11
+
+    def full_logits(ids, attn, pos, keep):  # ignores keep
+        return torch.zeros(ids.shape[0], ids.shape[1], V)
+
+    def honest(ids, attn, pos, keep):
+        n = int(keep.numel()) if torch.is_tensor(keep) else int(keep)
+        return torch.zeros(ids.shape[0], n, V)
+
+    prompts = torch.randint(0, V, (2, 1, 6))
+    responses = torch.randint(0, V, (2, 5))
+    seqs = [s for r in range(2) for s in row_sequences(r, [0], [6], 5)]
+    settings = PassSettings(micro_batch_size=2, layout=layout, packed_attention="block_mask")
+    run_pass(honest, prompts, responses, seqs, settings, lambda *a: None)
+    with pytest.raises(LogitsShapeError, match=r"does not honour logits_to_keep.*vision-language"):
+        run_pass(full_logits, prompts, responses, seqs, settings, lambda *a: None)
+
+
+def test_the_reductions_see_logits_divided_as_verl_divides_them():
+    """run_pass hands ``consume`` verl's temperature-scaled logits (bf16: divided by 0.7 rounded to bf16)."""
+    from recipe.mrtpo.core.passes import run_pass
+
+    V, seen = 9, []
+    logits = torch.randn(1, 6, V).to(torch.bfloat16)
+    seqs = row_sequences(0, [0], [4], 5)
+    run_pass(lambda ids, attn, pos, keep: logits, torch.randint(0, V, (1, 1, 4)), torch.randint(0, V, (1, 5)), seqs,
+             PassSettings(temperature=0.7, micro_batch_size=1), lambda s, x, single: seen.append(x.clone()))
+    assert torch.equal(seen[0][0], (logits / torch.tensor(0.7).to(torch.bfloat16))[0, :5])

@@ -29,10 +29,12 @@ SETTINGS = {
 
 
 class Engine:
-    """What the worker reads of verl's FSDP engine: ``module``, ``eval_mode()``, the sequence-parallel size."""
+    """What the worker reads of verl's FSDP engine: ``module``, ``eval_mode()``, the sequence-parallel size, the
+    autocast dtype (fp32: the module's own, as verl's engine under fp32 mixed precision)."""
 
-    def __init__(self, module, sp=1):
+    def __init__(self, module, sp=1, autocast_dtype=torch.float32):
         self.module, self.ulysses_sequence_parallel_size, self.entered = module, sp, []
+        self._autocast_dtype = autocast_dtype
 
     @contextlib.contextmanager
     def eval_mode(self):
@@ -120,6 +122,28 @@ def test_the_worker_passes_equal_the_row_functions_in_eval_mode_without_grad(mod
     assert got["teacher_topk_ids"].shape == (2, 5, 3) and len(engine.entered) == 2
 
 
+def test_the_worker_runs_each_forward_under_the_engines_autocast_and_rounds_as_verl(model, monkeypatch):
+    import verl.utils.device
+
+    from recipe.mrtpo.worker import engine_autocast, verl_numerics
+
+    monkeypatch.setattr(verl.utils.device, "get_device_name", lambda: "cpu")
+    replay, _ = rows()
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, _: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
+    try:
+        got = worker_around(Engine(model, autocast_dtype=torch.bfloat16)).compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
+    finally:
+        hook.remove()
+        model.eval()
+    assert seen and set(seen) == {(True, torch.bfloat16)}
+    assert torch.isfinite(got["replay_logprobs"]).all()
+    assert isinstance(engine_autocast(Engine(model)), contextlib.nullcontext)  # fp32: no autocast, as verl's forward_step
+    # verl's CPU fallback log-prob (no flash-attention) is a log-softmax in the logits' dtype
+    assert verl_numerics(Engine(model, autocast_dtype=torch.bfloat16), "cpu") == {"logprob_dtype": "bfloat16", "entropy_dtype": "bfloat16"}
+    assert verl_numerics(Engine(model), "cpu") == {"logprob_dtype": "float32", "entropy_dtype": "float32"}
+
+
 def test_the_worker_refuses_missing_settings_and_sequence_parallel(model):
     replay, opsd = rows()
     w = worker_around(Engine(model))
@@ -175,3 +199,12 @@ def test_the_reference_replay_runs_through_the_reference_engine_only(model):
     w.ref = None
     with pytest.raises(RuntimeError, match="no reference model"):
         w.compute_ref_replay(with_settings(replay, REPLAY_SETTINGS))
+
+
+def test_the_worker_refuses_a_vision_language_module_itself():
+    from recipe.mrtpo.worker import check_pass_model
+
+    vlm = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_vl", vision_config=SimpleNamespace()))
+    with pytest.raises(ValueError, match="vision-language"):
+        check_pass_model(vlm, "the MRTPO replay")
+    check_pass_model(SimpleNamespace(config=SimpleNamespace(model_type="qwen2")), "the MRTPO replay")

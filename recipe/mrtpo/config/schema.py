@@ -63,6 +63,7 @@ class MRTPOConfig(BaseConfig):
     replay_micro_batch_size: int = 8  # prompt variants per replay forward
     chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
+    fused_check_every: int = 10  # verl's own old_log_prob beside the fused pass every N steps and the first; 0 = never
     max_replay_prompt_length: Optional[int] = None  # longer variants fall back to uniform weights
     opsd_topk: int = 32  # OPSD: teacher log-probs kept per response token (verl's distillation topk default)
     opsd_loss_mode: str = "forward_kl_topk"  # OPSD: verl distillation loss (OPSD_LOSS_MODES)
@@ -85,6 +86,8 @@ class MRTPOConfig(BaseConfig):
         _choice("measure", self.measure, MEASURES)
         _choice("mode", self.mode, MODES)
         _choice("reward_weighting", self.reward_weighting, REWARD_WEIGHTINGS)
+        if self.fused_check_every < 0:
+            raise ValueError(f"mrtpo.fused_check_every must be >= 0 (0: never), got {self.fused_check_every}")
         if self.replay_micro_batch_size < 1:
             raise ValueError(f"mrtpo.replay_micro_batch_size must be >= 1, got {self.replay_micro_batch_size}")
         if self.chunk_size is not None and self.chunk_size < 1:

@@ -12,6 +12,9 @@ Layouts (``PassSettings.layout``; the forwards hold, over the tokens that exist)
 - ``padded``: micro-batches in arrival order, each LEFT-padded to its longest sequence (n x longest tokens);
 - ``sorted``: the same micro-batches over rows sorted by length, a row's sequences kept together (each
   micro-batch pads to sequences of similar length);
+- ``single``: every forward holds one sequence, unpadded (the sorted order): what the model table gives
+  recurrent (hybrid, linear-attention, SSM) types, whose layers neither keep packed sequences apart nor ignore
+  left padding (measured on tiny Qwen3-Next / Mamba2: a left-padded row differs from the sequence alone);
 - ``packed``: a micro-batch is ONE row, its sequences concatenated with restarting position ids, logits
   kept only at response positions (``keep`` is then an index tensor): the tokens that exist, ~1.0x.
   The attention must keep the sequences apart: flash-attention's varlen path reads the boundaries from
@@ -19,12 +22,27 @@ Layouts (``PassSettings.layout``; the forwards hold, over the tokens that exist)
   ``use_remove_padding`` forward relies on). SDPA and eager attend across the sequences under a 2D mask
   of ones; given no mask, transformers 5.9 derives the blocks from the position ids too, but as a dense
   [L, L] mask; ``"block_mask"`` passes that 4D block-diagonal causal mask explicitly (exact, quadratic
-  in the row: for CPU tests at small lengths). So ``auto`` packs only under flash-attention and sorts
-  otherwise.
+  in the row: for CPU tests at small lengths). So ``auto`` packs only under flash-attention, and only
+  model types the one table (:mod:`recipe.mrtpo.core.model_support`) knows to keep packed sequences apart
+  there; hybrid / linear-attention / SSM types and unknown types sort.
 
 A token budget (verl's ``log_prob_max_token_len_per_gpu``) bounds a forward's tokens (padded ones included:
 n x longest, or the packed row's length); a sequence longer than the budget runs alone. Without one, a
 forward holds ``micro_batch_size`` sequences.
+
+Numerics (what verl's ``forward_step`` does, ``verl/workers/engine/fsdp/transformer_impl.py`` in 0.9.1, checked
+by ``tests/integration/test_verl_seam.py``): every forward's logits are divided by the temperature exactly as
+verl divides them (:func:`scale_logits`: in the logits' own dtype, by the temperature rounded to that dtype,
+0.7 -> 0.69921875 in bf16; not at all at temperature 1) before any reduction sees them, so the reductions
+run at temperature 1 on the scaled logits; they compute in fp32 and, where verl's own log-prob (or entropy)
+comes out in the logits' dtype (its fallback without flash-attention's cross entropy), round to that dtype
+(``PassSettings.logprob_dtype`` / ``entropy_dtype``, which the worker reads off verl's functions). The forward
+itself runs under the engine's autocast (the worker's business, ``worker.engine_autocast``).
+
+Logits check: a forward must return one row of logits per position it was asked to keep (``logits_to_keep``:
+the last ``keep`` positions of every row, or the packed row's positions); a model whose forward ignores it
+(verl's patched VLM forwards return full logits) fails with :class:`LogitsShapeError` instead of being read
+at the wrong rows.
 
 Collective safety: every FSDP forward issues collectives, so every data-parallel rank must run the same
 number of forwards: the schedule is planned first and ``sync_forward_count(n_local) -> n_global`` is
@@ -39,14 +57,83 @@ from typing import Any, Optional, Union
 
 import torch
 
+from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
+
+
+class LogitsShapeError(RuntimeError):
+    """A forward returned logits at other positions than the pass asked for (module docstring)."""
+
+
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` as verl 0.9.1's ``_scale_logits_by_temperature`` computes it for a scalar
+    temperature: unchanged at exactly 1.0, else divided in the logits' dtype by the temperature taken as an
+    fp32 tensor, clamped at 1e-8 and cast to that dtype (bf16 rounds 0.7 to 0.69921875)."""
+    if float(temperature) == 1.0:
+        return logits
+    t = torch.tensor(float(temperature), dtype=torch.float32, device=logits.device)
+    return logits / t.clamp(min=1e-8).to(logits.dtype)
+
+
+def round_to(x: torch.Tensor, dtype_name: str) -> torch.Tensor:
+    """``x`` (fp32) rounded to the dtype named (``"float32"``: unchanged), back in fp32: where verl's own
+    reduction returns that dtype (``PassSettings.logprob_dtype``)."""
+    if dtype_name in ("float32", ""):
+        return x
+    return x.to(getattr(torch, dtype_name)).float()
+
+
+def picked_logprobs_in_dtype(logits: torch.Tensor, ids: torch.Tensor, dtype_name: str, chunk_size: Optional[int] = None) -> torch.Tensor:
+    """[T] ``log_softmax(logits)[ids]`` computed in the dtype named, row chunk by row chunk, as verl's fallback
+    ``logprobs_from_logits_v2`` computes it for logits of that dtype (a log-softmax in that dtype, then the
+    gather); fp32 out. For ``logprob_dtype`` other than fp32 (module docstring: Numerics)."""
+    dtype = getattr(torch, dtype_name)
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    step = int(chunk_size or 128)
+    for a in range(0, logits.shape[0], step):
+        lp = torch.log_softmax(logits[a : a + step].to(dtype), dim=-1)
+        out[a : a + step] = lp.gather(-1, ids[a : a + step].long().unsqueeze(-1)).squeeze(-1).float()
+    return out
+
+
+def entropy_in_dtype(logits: torch.Tensor, dtype_name: str, chunk_size: Optional[int] = None) -> torch.Tensor:
+    """[T] entropy of ``softmax(logits)`` by verl's ``entropy_from_logits`` formula evaluated in the dtype named
+    (``logsumexp(z) - sum(softmax(z) * z)``), fp32 out: for ``entropy_dtype`` other than fp32."""
+    dtype = getattr(torch, dtype_name)
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    step = int(chunk_size or 128)
+    for a in range(0, logits.shape[0], step):
+        z = logits[a : a + step].to(dtype)
+        out[a : a + step] = (torch.logsumexp(z, dim=-1) - torch.sum(torch.softmax(z, dim=-1) * z, dim=-1)).float()
+    return out
+
+
+def check_logits(logits: torch.Tensor, ids: torch.Tensor, keep) -> None:
+    """Raise :class:`LogitsShapeError` unless ``logits`` holds exactly the kept positions of ``ids``:
+    [b, keep, V] for an int ``keep``, [1, len(keep), V] for a packed row's index tensor."""
+    want = (ids.shape[0], int(keep.numel()) if torch.is_tensor(keep) else int(keep))
+    got = tuple(logits.shape[:-1]) if logits.dim() == 3 else tuple(logits.shape)
+    if logits.dim() != 3 or got != want:
+        raise LogitsShapeError(
+            f"the model's forward returned logits of shape {tuple(logits.shape)} for {tuple(ids.shape)} input ids and "
+            f"logits_to_keep of {want[1]} positions (expected [{want[0]}, {want[1]}, V]): its forward does not honour "
+            "logits_to_keep (verl's patched vision-language forwards return full logits), so the pass would read "
+            "other positions' logits; the replay and teacher passes support causal LMs whose forward keeps them"
+        )
+
+
 # forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive | None, position_ids [b, L],
 #         keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
 ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[int, torch.Tensor]], torch.Tensor]
 
-LAYOUTS = ("padded", "sorted", "packed")
+LAYOUTS = ("padded", "sorted", "packed", "single")
 PACKED_ATTENTIONS = ("varlen", "block_mask")
-#: attention implementations whose varlen path isolates packed sequences given restarting position ids
-VARLEN_ATTENTIONS = ("flash_attention_2", "flash_attention_3")
+#: mean |fused - verl's own| old log-prob above which the trainer's standing check (``mrtpo.fused_check_every``)
+#: warns, by the actor's parameter dtype. The fused pass computes verl's numbers (CPU, tiny Qwen2: fp32 to ~1e-6;
+#: bf16 bitwise on verl's CPU numerics, mean ~1e-5 / max ~5e-4 with fp32 log-probs, the forwards padding the
+#: sequences differently); a wrong temperature rounding, row mapping or layout is far above (docs/fused_pass.md).
+FUSED_CHECK_THRESHOLDS = {"fp32": 1e-4, "bf16": 1e-2}
+#: dtypes a reduction's output may be rounded to (:func:`round_to`)
+REDUCTION_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def hf_forward(module) -> ForwardFn:
@@ -99,6 +186,9 @@ class PassSettings:
     pad_id: int = 0
     layout: str = "sorted"  # or "auto": the worker's choice (:func:`resolve_layout`), ``sorted`` where unresolved
     packed_attention: str = "varlen"
+    # the dtypes verl's own log-prob and entropy come out in (module docstring: Numerics); the worker's to set
+    logprob_dtype: str = "float32"
+    entropy_dtype: str = "float32"
 
     WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout")
 
@@ -115,25 +205,31 @@ class PassSettings:
             raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {self.layout!r}")
         if self.packed_attention not in PACKED_ATTENTIONS:
             raise ValueError(f"packed_attention must be one of {PACKED_ATTENTIONS}, got {self.packed_attention!r}")
+        for name in (self.logprob_dtype, self.entropy_dtype):
+            if name not in REDUCTION_DTYPES:
+                raise ValueError(f"logprob_dtype / entropy_dtype must be one of {REDUCTION_DTYPES}, got {name!r}")
 
     def to_wire(self) -> dict:
         d = asdict(self)
         d.pop("packed_attention")
+        d.pop("logprob_dtype")
+        d.pop("entropy_dtype")
         d["pad_token_id"] = int(d.pop("pad_id"))
         d["token_budget"] = int(self.token_budget or 0)
         d["chunk_size"] = int(self.chunk_size or 0)
         return d
 
     @classmethod
-    def from_wire(cls, wire: Mapping[str, Any], method: str, attn_implementation: Optional[str] = None) -> PassSettings:
+    def from_wire(cls, wire: Mapping[str, Any], method: str, attn_implementation: Optional[str] = None,
+                  model_type: Optional[str] = None, **worker: Any) -> PassSettings:
         """The settings of ``wire``; a clear error naming ``method`` when one is missing. ``layout`` "auto"
-        (or absent) is ``packed`` under a varlen attention and ``sorted`` otherwise; ``packed`` under any
-        other attention uses the exact block mask (:func:`resolve_layout`)."""
+        (or absent) is decided by the model table (:func:`resolve_layout`). ``worker``: the settings the
+        worker reads off verl itself (``logprob_dtype``, ``entropy_dtype``)."""
         required = [k for k in cls.WIRE_KEYS if k != "layout"]
         missing = [k for k in required if wire.get(k, None) is None]
         if missing:
             raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
-        layout, attention = resolve_layout(str(wire.get("layout", None) or "auto"), attn_implementation)
+        layout, attention = resolve_layout(str(wire.get("layout", None) or "auto"), attn_implementation, model_type)
         return cls(
             temperature=float(wire["temperature"]),
             micro_batch_size=int(wire["micro_batch_size"]),
@@ -142,18 +238,29 @@ class PassSettings:
             pad_id=int(wire["pad_token_id"]),
             layout=layout,
             packed_attention=attention,
+            **worker,
         )
 
 
-def resolve_layout(layout: str, attn_implementation: Optional[str]) -> tuple[str, str]:
-    """(layout, packed_attention) for a requested layout (``auto`` or one of :data:`LAYOUTS`) and the
-    model's attention implementation (module docstring)."""
+def resolve_layout(layout: str, attn_implementation: Optional[str], model_type: Optional[str] = None) -> tuple[str, str]:
+    """(layout, packed_attention) for a requested layout (``auto`` or one of :data:`LAYOUTS`), the model's
+    attention implementation and its model type, by the one table (:mod:`recipe.mrtpo.core.model_support`):
+    a recurrent (hybrid, linear-attention, SSM) type always runs ``single`` (an explicit ``packed`` is refused);
+    otherwise ``auto`` packs only a type the table marks ``packed`` under a varlen attention and sorts
+    everything else (an unknown type included), and an explicit ``packed`` under a non-varlen attention takes
+    the exact block mask."""
     varlen = str(attn_implementation or "") in VARLEN_ATTENTIONS
-    if layout == "auto":
-        layout = "packed" if varlen else "sorted"
-    if layout not in LAYOUTS:
+    attention = "varlen" if varlen else "block_mask"
+    if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
-    return layout, "varlen" if varlen else "block_mask"
+    if table_entry(model_type) == "single":
+        if layout == "packed":
+            raise ValueError(f"layout 'packed' is refused for model type {model_type!r}: its recurrent (linear-attention / "
+                             "state-space) layers would carry state across the packed sequences; use layout 'auto'")
+        return "single", attention
+    if layout == "auto":
+        layout = "packed" if may_pack(model_type, attn_implementation) else "sorted"
+    return layout, attention
 
 
 @dataclass(frozen=True)
@@ -196,20 +303,28 @@ def forward_tokens(mb: list[PassSequence], layout: str) -> int:
     return len(mb) * max(s.length for s in mb)
 
 
+def _row_ordered(seqs: list[PassSequence]) -> list[PassSequence]:
+    """Rows by their longest sequence, longest first (stable), a row's sequences together and in their order."""
+    groups: dict[int, list[PassSequence]] = {}
+    for s in seqs:
+        groups.setdefault(s.row, []).append(s)
+    ordered = sorted(groups.values(), key=lambda g: -max(s.length for s in g))  # stable: ties keep row order
+    return [s for g in ordered for s in g]
+
+
 def plan_forwards(seqs: list[PassSequence], settings: PassSettings) -> list[list[PassSequence]]:
     """The forwards of a pass: the one packer (module docstring).
 
-    ``padded`` keeps the arrival order; ``sorted`` and ``packed`` first order rows by their longest
+    ``padded`` keeps the arrival order; ``sorted``, ``packed`` and ``single`` first order rows by their longest
     sequence, longest first, a row's sequences kept together and in their order (a reduction that needs a
     row's reference before its variants, as the replay's P_all, gets it). Then consecutive sequences fill a
-    forward while :func:`forward_tokens` stays within the budget (or ``micro_batch_size`` sequences).
+    forward while :func:`forward_tokens` stays within the budget (or ``micro_batch_size`` sequences);
+    ``single``: one sequence a forward.
     """
+    if settings.layout == "single":  # one unpadded sequence per forward, rows longest first, kept together
+        return [[s] for s in _row_ordered(seqs)]
     if settings.layout != "padded":
-        groups: dict[int, list[PassSequence]] = {}
-        for s in seqs:
-            groups.setdefault(s.row, []).append(s)
-        ordered = sorted(groups.values(), key=lambda g: -max(s.length for s in g))  # stable: ties keep row order
-        seqs = [s for g in ordered for s in g]
+        seqs = _row_ordered(seqs)
     budget = settings.token_budget
     batches: list[list[PassSequence]] = []
     cur: list[PassSequence] = []
@@ -293,7 +408,9 @@ def run_pass(
     device: torch.device | str = "cpu",
     sync_forward_count: Optional[Callable[[int], int]] = None,
 ) -> PassCounts:
-    """Forward ``seqs`` as :func:`plan_forwards` plans them and hand each row's response logits to ``consume``.
+    """Forward ``seqs`` as :func:`plan_forwards` plans them and hand each row's response logits to ``consume``,
+    checked against the positions asked for (:func:`check_logits`) and divided by the temperature as verl divides
+    them (:func:`scale_logits`): ``consume`` reduces at temperature 1.
 
     The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
     run after the last (module docstring).
@@ -309,6 +426,8 @@ def run_pass(
         counts.tokens_existing += sum(s.length for s in mb)
         keep = keep.to(device) if torch.is_tensor(keep) else keep
         logits = forward(ids.to(device), attn.to(device) if attn is not None else None, pos.to(device), keep)
+        check_logits(logits, ids, keep)
+        logits = scale_logits(logits, settings.temperature)  # verl's division: the reductions run at temperature 1
         flat = logits.reshape(-1, logits.shape[-1])
         i = 0
         while i < len(mb):  # consecutive sequences of one row: one strided view of the kept logits

@@ -37,7 +37,9 @@ from recipe.mrtpo.core.passes import (  # noqa: F401  (hf_forward, sync_max_over
     ForwardFn,
     PassSequence,
     PassSettings,
+    entropy_in_dtype,
     hf_forward,
+    picked_logprobs_in_dtype,
     response_lengths,
     row_sequences,
     run_pass,
@@ -143,7 +145,8 @@ def replay_relevance(
     if settings is None:
         settings = PassSettings(temperature=float(temperature), micro_batch_size=int(micro_batch_size), token_budget=token_budget,
                                 chunk_size=chunk_size, pad_id=int(pad_id), layout=layout, packed_attention=packed_attention)
-    temperature, chunk_size = settings.temperature, settings.chunk_size
+    # run_pass hands over logits already divided by the temperature as verl divides them (passes: Numerics)
+    temperature, chunk_size = 1.0, settings.chunk_size
     R, K = pair_variant.shape
     NV, T = variant_ids.shape[1], responses.shape[1]
     if resp_lens is None:
@@ -178,7 +181,8 @@ def replay_relevance(
                 need_logp=want_lp, ref_lse=lses.get(r),
             )
             if want_lp:
-                logprobs[r, :n_resp] = lp.cpu()
+                logprobs[r, :n_resp] = (lp if settings.logprob_dtype == "float32" else
+                                        picked_logprobs_in_dtype(refs[r], ids_r, settings.logprob_dtype, chunk_size) * (mask_r > 0)).cpu()
                 lp_done = True
             for jl, s in zip(js, seqs[js[0] : js[-1] + 1]):
                 variant_relevance[r, s.variant - 1, :n_resp] = q[jl - js[0]].cpu()
@@ -191,9 +195,13 @@ def replay_relevance(
                     lpv = picked_logprobs(refs[r], ids_r, temperature, lses.get(r)) * (mask_r > 0)
                 else:
                     lpv = sampled_logprobs_from_logits(resp[jl : jl + 1], ids_r.unsqueeze(0), mask_r.unsqueeze(0), temperature, chunk_size)[0]
+                if settings.logprob_dtype != "float32":  # verl's own log-prob comes out in the logits' dtype
+                    lpv = picked_logprobs_in_dtype(resp[jl], ids_r, settings.logprob_dtype, chunk_size) * (mask_r > 0)
                 logprobs[r, :n_resp] = lpv.cpu()
             if entropy_out is not None:
-                entropy_out[r, :n_resp] = (entropy_from_logits(resp[jl], temperature, chunk_size) * (mask_r > 0)).cpu()
+                ent = (entropy_from_logits(resp[jl], temperature, chunk_size) if settings.entropy_dtype == "float32"
+                       else entropy_in_dtype(resp[jl], settings.entropy_dtype, chunk_size))
+                entropy_out[r, :n_resp] = (ent * (mask_r > 0)).cpu()
         if seqs[-1].last_of_row:
             refs.pop(r, None)
             lses.pop(r, None)

@@ -62,6 +62,7 @@ def build_replay_plan(
     joint: bool = False,
     pad_id: int = 0,
     rollout_prompts: Optional[Sequence[Sequence[int]]] = None,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> ReplayPlan:
     """Plan and pack the replay of a batch.
 
@@ -77,6 +78,8 @@ def build_replay_plan(
         joint: CoRT-style single P_none replay shared by every reward of the sample.
         rollout_prompts: per sample its rollout prompt ids: ``plan.rollout_variant`` then says, per row,
             which variant they are (:func:`rollout_prompt_variant`).
+        row_render: sample index -> its render, where samples were rendered differently (the tools the
+            rollout rendered each with: ``recipe.mrtpo.rollout_render``); ``render`` for all when None.
     """
     B, K = scores.shape
     variance = group_has_variance(scores, index)
@@ -87,11 +90,13 @@ def build_replay_plan(
     per_row = []
     wanted = {i: [reward_names[k] for k in range(K) if variance[i, k]] for i in range(B)}
     built = {i: variant_messages(messages[i], contexts[i] or {}, want, joint=joint) for i, want in wanted.items() if want}
-    prepare = getattr(render, "prepare", None)
-    if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
-        prepare([m for vm in built.values() for m in vm.all_messages()])
+    renders = {i: row_render(i) if row_render is not None else render for i in built}
+    for r in {id(r): r for r in renders.values()}.values():
+        prepare = getattr(r, "prepare", None)
+        if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
+            prepare([m for i, vm in built.items() if renders[i] is r for m in vm.all_messages()])
     for i, vm in built.items():
-        sv = render_variants(vm, render, max_prompt_length)
+        sv = render_variants(vm, renders[i], max_prompt_length)
         plan.pairs_fallback += len(sv.fallbacks)
         plan.fallback_reasons.update(sv.fallbacks.values())
         if not sv.pair_variant:
@@ -139,20 +144,27 @@ def p_all_prompts(
     rollout_prompts: Sequence[Sequence[int]],
     render: Callable[[list[dict]], list[int]],
     max_prompt_length: Optional[int] = None,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> tuple[list[list[int]], list[Optional[str]]]:
     """Per sample: its teacher prompt ids, P_all (every Z_k of the sample, prompt-placed ones in place, appended
     ones in one verifier block: the replay's variant 0), and, where P_all cannot be built, the reason
-    (``no_contexts``, ``no_messages``, ``too_long``); such a sample's teacher prompt is its rollout prompt."""
+    (``no_contexts``, ``no_messages``, ``too_long``); such a sample's teacher prompt is its rollout prompt.
+    ``row_render``: sample index -> its render, where samples were rendered differently (as in
+    :func:`build_replay_plan`)."""
     if not isinstance(render, CachedRender):
         render = CachedRender(render)  # one render per distinct prompt of the batch (a group shares its prompt)
     built = [variant_messages(messages[i], dict(ctx), sorted(ctx)[:1]) if ctx else None for i, ctx in enumerate(contexts)]
-    render.prepare([vm.p_all for vm in built if vm is not None and vm.p_all is not None])
+    renders = [row_render(i) if row_render is not None else render for i in range(len(built))]
+    for r in {id(r): r for r in renders}.values():
+        prepare = getattr(r, "prepare", None)
+        if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
+            prepare([vm.p_all for vm, ri in zip(built, renders) if ri is r and vm is not None and vm.p_all is not None])
     prompts: list[list[int]] = []
     reasons: list[Optional[str]] = []
     for i, vm in enumerate(built):
         reason = "no_contexts" if vm is None else None
         if vm is not None:
-            ids = list(render(vm.p_all)) if vm.p_all is not None else None
+            ids = list(renders[i](vm.p_all)) if vm.p_all is not None else None
             if ids is not None and (max_prompt_length is None or len(ids) <= max_prompt_length):
                 prompts.append(ids)
                 reasons.append(None)
@@ -174,6 +186,7 @@ def build_p_all_plan(
     max_prompt_length: Optional[int] = None,
     pad_id: int = 0,
     every_row: bool = False,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> ReplayPlan:
     """The P_all-only pass of a batch: one row per response with a valid token, its one variant the teacher
     prompt (:func:`p_all_prompts`), nothing replayed against it (``pair_variant`` -1: the worker returns the
@@ -185,7 +198,7 @@ def build_p_all_plan(
     per row whether its P_all differs from its rollout prompt; ``plan.rollout_variant`` is 0 where the teacher
     prompt is the rollout prompt, else -1. Fallback reasons are counted per sample in ``fallback_reasons``.
     """
-    prompts, reasons = p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length)
+    prompts, reasons = p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length, row_render)
     plan = ReplayPlan(rows=[], inputs={})
     plan.replayed_mask = torch.zeros(len(prompts), num_rewards, dtype=torch.bool)
     has_tokens = response_mask.reshape(len(prompts), -1).sum(-1) > 0 if len(prompts) else torch.zeros(0, dtype=torch.bool)

@@ -19,7 +19,7 @@ RESOURCE_KNOBS = ("replay_micro_batch_size", "chunk_size", "compile_js")
 #: knobs of the recipe's own advantage step, read by every method that runs it
 STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays
-PASS_KNOBS = ("max_replay_prompt_length",)
+PASS_KNOBS = ("max_replay_prompt_length", "fused_check_every")
 
 #: the prompts a replay pass forwards (``ReplayPass.variants``)
 PASS_VARIANTS = ("per_reward", "joint", "p_all")

@@ -140,7 +140,7 @@ def teacher_topk_rows(
 
     def consume(seqs: list[PassSequence], logits: torch.Tensor, single: bool) -> None:
         r, n = seqs[0].row, seqs[0].resp_len
-        lp, tid, tok = teacher_topk_from_logits(logits[0], responses[r, :n].to(logits.device), int(k), settings.temperature, settings.chunk_size)
+        lp, tid, tok = teacher_topk_from_logits(logits[0], responses[r, :n].to(logits.device), int(k), 1.0, settings.chunk_size)
         kk = lp.shape[-1]
         out_lp[r, :n, :kk] = lp.cpu()
         out_ids[r, :n, :kk] = tid.cpu()
