@@ -181,8 +181,9 @@ class MRTPOTrainer(PPOTrainerSync):
         adv = self._advantage(method, inputs, metrics)
         out = verl_seam.write_advantages(batch, ab, adv, adv)
         if method.after_step is not None:
+            _, row_render, _ = self._planner_renders(self._row_tools(batch, len(ab.uid)))  # the rows' tools, as the rollout's
             out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
-                                                self._render, self.actor_rollout_wg, self._actor_dp_size))
+                                                self._render, self.actor_rollout_wg, self._actor_dp_size, row_render))
         self._maybe_dump(ab, table, replay, adv, metrics.get("mrtpo/beta", 0.0), metrics)
         return out
 

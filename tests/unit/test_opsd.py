@@ -232,6 +232,25 @@ def test_teacher_prompts_are_the_replays_p_all_with_fallbacks(tiny):
     assert reasons[0] == "too_long" and prompts[0] == rollout and reasons[1] is None
 
 
+def test_teacher_prompts_render_each_row_as_the_rollout_did(tiny):
+    """With ``row_render`` (the rows' tools, as the trainer passes them) each row's P_all comes from its own
+    render: a row rendered with tools gets the tools in its teacher prompt, a prompt-placed row stays its rollout
+    prompt under that render."""
+    tok, _ = tiny
+    render = render_fn(tok)
+    marker = tok.encode("TOOLS", add_special_tokens=False)
+    with_tools = lambda m: marker + render(m)  # a stand-in for a chat template that renders tools first
+    row_render = lambda i: with_tools if i % 2 == 0 else render
+    contexts = [CTX_APPENDED, CTX_APPENDED, CTX_PROMPT, CTX_PROMPT]
+    rollouts = [with_tools(MSGS), render(MSGS), with_tools(MSGS), render(MSGS)]
+    prompts, reasons = teacher_prompts(contexts, [MSGS] * 4, rollouts, render, None, row_render)
+    assert reasons == [None] * 4
+    assert prompts[0] == build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], with_tools).variants[0]
+    assert prompts[0][:len(marker)] == marker and prompts[1][:len(marker)] != marker
+    assert prompts[1] == build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0]
+    assert prompts[2] == rollouts[2] and prompts[3] == rollouts[3]  # P_all is the rollout prompt, tools included
+
+
 def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
     from recipe.mrtpo.worker import opsd_teacher_rows
 

@@ -107,6 +107,7 @@ class StepContext:
     render: Callable[[list], list]  # chat messages -> prompt ids, as the rollout rendered them
     worker_group: Any  # the actor's worker group (its registered methods, e.g. compute_opsd_teacher)
     dp_size: Callable[[], int]  # the actor's data-parallel size
+    row_render: Optional[Callable[[int], Callable[[list], list]]] = None  # sample -> its render (the row's tools), or None
 
 
 @dataclass(frozen=True)

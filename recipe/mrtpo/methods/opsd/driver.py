@@ -58,8 +58,10 @@ def teacher_prompts(
     rollout_prompts: Sequence[Sequence[int]],
     render: Callable[[list[dict]], list[int]],
     max_prompt_length: Optional[int] = None,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> tuple[list[list[int]], list[Optional[str]]]:
-    """Per sample: its teacher prompt ids and, where P_all could not be built, the reason.
+    """Per sample: its teacher prompt ids and, where P_all could not be built, the reason. ``row_render``:
+    sample index -> its render, where samples were rendered with different tools (as the replay's planner).
 
     P_all is variant 0 of :func:`build_sample_variants` with every reward of the sample (the same P_all for
     any choice of replayed reward; one is passed so that a single P_minus_k is rendered besides it). A sample
@@ -73,7 +75,8 @@ def teacher_prompts(
         ctx = dict(ctx or {})
         reason = "no_contexts" if not ctx else None
         if ctx:
-            sv = build_sample_variants(messages[i], ctx, sorted(ctx)[:1], render, max_prompt_length)
+            sv = build_sample_variants(messages[i], ctx, sorted(ctx)[:1], row_render(i) if row_render else render,
+                                       max_prompt_length)
             if sv.variants:
                 prompts.append(list(sv.variants[0]))
                 reasons.append(None)
@@ -119,6 +122,7 @@ def run_opsd_teacher(
     pad_id: int,
     token_budget: int = 0,
     old_log_probs: Optional[torch.Tensor] = None,
+    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
 ) -> OPSDTeacher:
     """Plan, dispatch and map back the teacher pass of one batch (module docstring).
 
@@ -127,7 +131,8 @@ def run_opsd_teacher(
     """
     t0 = time.perf_counter()
     B, T = responses.shape
-    prompts, reasons = teacher_prompts(table.contexts, messages, rollout_prompts, render, cfg.max_replay_prompt_length)
+    prompts, reasons = teacher_prompts(table.contexts, messages, rollout_prompts, render, cfg.max_replay_prompt_length,
+                                       row_render)
     privileged = [p != list(r) for p, r in zip(prompts, rollout_prompts)]
     ids, lens = pack_prompts(prompts, pad_id)
     inputs = pad_to_multiple(

@@ -67,6 +67,7 @@ def write_opsd_teacher(ctx: StepContext):
         cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, ctx.dp_size(),
         temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
         token_budget=token_budget(config), old_log_probs=_padded(old, 0.0) if old is not None else None,
+        row_render=ctx.row_render,
     )
     ctx.metrics.update(teacher.metrics)
     fields = teacher_fields(teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), uses_topk(cfg), pad_id)
