@@ -20,17 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from recipe.mrtpo.core.model_support import config_facts, refusal
+from recipe.mrtpo.methods.types import get_key  # config.a.b.c or a default (standard library only)
 
 ARR = "actor_rollout_ref"
-
-
-def _get(config, dotted: str, default=None):
-    node = config
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
 
 
 def model_config_dict(path: str) -> Optional[dict]:
@@ -68,14 +60,14 @@ def check_pass_support(config, method, cfg) -> None:
     who = f"method {method.name} ({', '.join(method.overrides)})"
     off = ("turn the replay off (mrtpo.replay=False: the run is then GDPO)" if method.reads_knob("replay")
            else "choose a method without the pass (ALGO=gdpo)")
-    rank = int(_get(config, f"{ARR}.model.lora_rank", 0) or 0)
+    rank = int(get_key(config, f"{ARR}.model.lora_rank", 0) or 0)
     if rank > 0:
         raise ValueError(
             f"{ARR}.model.lora_rank={rank} (LoRA) is not supported with {who}: its replay / teacher passes and the fused "
             f"old_log_prob forward the actor's module as a plain causal LM, not tested with verl's adapters. Set "
             f"{ARR}.model.lora_rank=0 (full fine-tuning), or {off}."
         )
-    hf = model_config_dict(str(_get(config, f"{ARR}.model.path", "") or ""))
+    hf = model_config_dict(str(get_key(config, f"{ARR}.model.path", "") or ""))
     if hf is not None:
         msg = refusal(**config_facts(hf), what=f"{who}'s replay and teacher passes", otherwise=off)
         if msg:

@@ -22,16 +22,9 @@ import json
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from recipe.mrtpo.methods.types import get_key  # config.a.b.c or a default (standard library only)
+
 TOOL_AGENT = "tool_agent"
-
-
-def _get(config, dotted: str, default=None):
-    node = config
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
 
 
 def _plain(x):
@@ -52,13 +45,13 @@ class RolloutRender:
     """The chat-template arguments and per-row tools of verl's rollout render (module docstring)."""
 
     def __init__(self, config, tool_schemas: Optional[list[dict]] = None):
-        self.kwargs: dict[str, Any] = dict(_plain(_get(config, "data.apply_chat_template_kwargs", None)) or {})
-        custom = _get(config, "actor_rollout_ref.model.custom_chat_template", None)
+        self.kwargs: dict[str, Any] = dict(_plain(get_key(config, "data.apply_chat_template_kwargs", None)) or {})
+        custom = get_key(config, "actor_rollout_ref.model.custom_chat_template", None)
         if custom:
             self.kwargs["chat_template"] = str(custom)
-        self.default_agent = str(_get(config, "actor_rollout_ref.rollout.agent.default_agent_loop", "") or "")
-        self.tool_config_path = _get(config, "actor_rollout_ref.rollout.multi_turn.tool_config_path", None)
-        self.function_tool_path = _get(config, "actor_rollout_ref.rollout.multi_turn.function_tool_path", None)
+        self.default_agent = str(get_key(config, "actor_rollout_ref.rollout.agent.default_agent_loop", "") or "")
+        self.tool_config_path = get_key(config, "actor_rollout_ref.rollout.multi_turn.tool_config_path", None)
+        self.function_tool_path = get_key(config, "actor_rollout_ref.rollout.multi_turn.function_tool_path", None)
         self._schemas = tool_schemas
 
     @property
