@@ -121,6 +121,7 @@ def run_replay(
         plan = build_p_all_plan(
             len(table.names), table.contexts, messages, responses, response_mask, render, rollout_prompts,
             max_prompt_length=cfg.max_replay_prompt_length, pad_id=pad_id, every_row=reference, row_render=row_render,
+            template=cfg.teacher_template,
         )
     else:
         plan = build_replay_plan(

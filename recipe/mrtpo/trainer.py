@@ -185,7 +185,18 @@ class MRTPOTrainer(PPOTrainerSync):
             out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
                                                 self._render, self.actor_rollout_wg, self._actor_dp_size, row_render))
         self._maybe_dump(ab, table, replay, adv, metrics.get("mrtpo/beta", 0.0), metrics)
+        self._note_no_privileged(method, metrics)
         return out
+
+    def _note_no_privileged(self, method: Method, metrics: dict) -> None:
+        """A self-teacher's one line, on the first step it measures ``mrtpo/rows_privileged`` (no later one):
+        where it is 0 the run has no privileged information (``methods.no_privileged_line``)."""
+        if getattr(self, "_privileged_noted", False) or metrics.get(methods.ROWS_PRIVILEGED, None) is None:
+            return
+        self._privileged_noted = True
+        line = methods.no_privileged_line(method, metrics, self.global_steps)
+        if line:
+            logger.warning(line)
 
     def _advantage(self, method: Method, inputs: AdvantageInputs, metrics: dict) -> torch.Tensor:
         """The method's token advantage [B, T] and its metrics (the core's statistics, the difference to GDPO)."""

@@ -212,6 +212,12 @@ def test_checker_errors_are_counted_apart_from_raising_verifiers(monkeypatch, ti
 RLSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd")
 # "lower"'s Z is appended (a verifier block, as text-to-SQL's gold SQL): P_all differs from the rollout prompt
 CTX_APPENDED = {"no_comma": CTX["no_comma"], "lower": {"text": "rain falls on the roof", "placement": "appended"}}
+# RLSD's teacher prompt of MSGS with CTX_APPENDED, written out (the default template, not built by the code under
+# test): the appended Z framed as a reference solution after the user turn; the prompt-placed one stays in place
+TEACHER_MSGS = [{"role": "user", "content": (
+    "Write a haiku about rain. Do not use any commas. Use only lowercase letters.\n\n"
+    "Here is a reference solution:\nrain falls on the roof\n\n"
+    "After understanding the reference solution, please try to solve this problem using your own approach below.")}]
 # 2 optimizer updates per training step (train_batch_size 4 prompts, mini-batches of 2)
 TWO_UPDATES = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
 
@@ -231,22 +237,25 @@ def verl_gdpo_of_the_batch(scores=SCORES):
     return adv, mask
 
 
-def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny):
+def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny, caplog):
     """P_all equal to the rollout prompt (every Z in the prompt): the live teacher is the behaviour policy on the
-    same prompt, delta = 0 on every token, nothing is forwarded and RLSD is GDPO exactly."""
+    same prompt, delta = 0 on every token, nothing is forwarded and RLSD is GDPO exactly; the step says so in
+    one line."""
     ref, _, _, _ = run_step(monkeypatch, tiny, 6, "algorithm.adv_estimator=gdpo")
-    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+        fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
+    lines = [r.getMessage() for r in caplog.records if "privileged information" in r.getMessage()]
+    assert len(lines) == 1 and "method rlsd" in lines[0] and "= GDPO here" in lines[0]
     assert calls == [] and metrics["mrtpo/rlsd/rows_privileged"] == 0 and metrics["mrtpo/rlsd/lambda"] == 1.0
+    assert metrics["mrtpo/rows_privileged"] == 0  # the self-teachers' common count: no privileged information
     assert metrics["mrtpo/rlsd/rows_teacher"] == 0
     assert torch.equal(padded(fake.put["advantages"]), padded(ref.put["advantages"]))
 
 
-def test_rlsd_step_is_verls_gdpo_times_ms_swifts_weight(monkeypatch, tiny):
+def test_rlsd_step_is_verls_gdpo_times_ms_swifts_weight(monkeypatch, tiny, caplog):
     """The step's advantage on an appended context: verl's GDPO advantage times ms-swift's r, both re-stated
     here (r from a direct forward of P_all and of the rollout prompt, lambda from ms-swift's schedule at its
     optimizer-step count); no sign flip, r in its band on every valid token, no second whitening."""
-    from recipe.mrtpo.core.prompt_variants import build_sample_variants
-
     tok, model = tiny
     lam0, eps, warmup = 0.5, 0.5, 10
     fake, metrics, calls, responses = run_step(monkeypatch, tiny, 3, *RLSD, *TWO_UPDATES, f"mrtpo.rlsd_lambda_warmup_steps={warmup}",
@@ -254,7 +263,9 @@ def test_rlsd_step_is_verls_gdpo_times_ms_swifts_weight(monkeypatch, tiny):
     lam = lam0 * (2 * 2) / warmup  # ms-swift: global_step = 2 completed training steps x 2 updates each, inside the warm-up
     assert calls == [4] and metrics["mrtpo/rlsd/lambda"] == pytest.approx(lam)
     assert metrics["mrtpo/rlsd/rows_privileged"] == 4 and metrics["mrtpo/rlsd/rows_teacher"] == 4
-    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0]
+    assert metrics["mrtpo/rows_privileged"] == 4
+    assert not [r for r in caplog.records if "privileged information" in r.getMessage()]  # it has some: no line
+    p_all = render(tok, TEACHER_MSGS)
     prompt = render(tok, MSGS)
     assert len(p_all) > len(prompt)
     gdpo, mask = verl_gdpo_of_the_batch()
@@ -289,7 +300,8 @@ def test_rlsds_pass_forwards_the_teacher_prompt_alone(monkeypatch, tiny):
     metrics: dict = {}
     trainer._compute_advantage(Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train"), metrics)
     (sent,) = seen
-    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0]
+    p_all = render(tok, TEACHER_MSGS)
+    assert list(p_all) != list(build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0])
     assert sent["variant_ids"].shape[:2] == (4, 1) and (sent["pair_variant"] == -1).all()
     for r in range(4):
         n = int(sent["variant_lens"][r, 0])
@@ -311,7 +323,6 @@ def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_liv
 
     from unit.test_worker import Engine
 
-    from recipe.mrtpo.core.prompt_variants import build_sample_variants
     from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
 
     tok, base = tiny
@@ -339,7 +350,7 @@ def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_liv
         assert metrics["mrtpo/rlsd/teacher_initial"] == float(teacher == "initial") and metrics["mrtpo/rlsd/rows_teacher"] == 4
         return where, out["replay_logprobs"].clone(), responses
 
-    p_all = list(build_sample_variants(MSGS, CTX_APPENDED, ["lower"], lambda m: render(tok, m)).variants[0])
+    p_all = list(render(tok, TEACHER_MSGS))  # the framed teacher prompt
     before = {t: step(t) for t in ("live", "initial")}
     assert before["live"][0] == "actor" and before["initial"][0] == "ref"
     assert torch.allclose(before["live"][1], before["initial"][1], atol=1e-5)  # step 0: one model

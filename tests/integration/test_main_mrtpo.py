@@ -349,3 +349,19 @@ def test_fused_check_every_is_typed_checked_and_read_by_the_replay_methods():
         check_config(compose_cfg("mrtpo.fused_check_every=-1"))
     with pytest.raises(ValueError, match="mrtpo.fused_check_every=3 is not read by method gdpo"):
         check_config(compose_cfg("mrtpo.fused_check_every=3", "algorithm.adv_estimator=gdpo"))
+
+
+def test_teacher_template_is_typed_checked_and_read_by_the_self_teachers_only():
+    """mrtpo.teacher_template: OPSD and RLSD read it (their teacher prompt), every other method refuses it set;
+    a template without {prompt} and {information} once each is refused before Ray starts."""
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    own = "mrtpo.teacher_template='Task: {prompt} Known: {information}'"
+    assert compose_cfg(own).mrtpo.teacher_template == "Task: {prompt} Known: {information}"
+    assert check_config(compose_cfg(*RLSD, own)).name == "rlsd"
+    assert check_config(compose_cfg("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", own)).name == "opsd"
+    for other in (("algorithm.adv_estimator=gdpo",), ("algorithm.adv_estimator=mrtpo",), ("algorithm.adv_estimator=grpo",)):
+        with pytest.raises(ValueError, match="mrtpo.teacher_template=Task: .* is not read by method"):
+            check_config(compose_cfg(*other, own))
+    with pytest.raises(ValueError, match="teacher_template must use"):
+        check_config(compose_cfg(*RLSD, "mrtpo.teacher_template='{prompt} alone'"))

@@ -74,7 +74,7 @@ def logprobs_after(model, prompt, response):
         return torch.log_softmax(model(input_ids=seq).logits[0, len(prompt) - 1 : -1].float(), -1)
 
 
-def run_step(monkeypatch, tiny, *overrides):
+def run_step(monkeypatch, tiny, *overrides, ctx=None):
     import verl.trainer.ppo.v1.trainer_base as tb
 
     from recipe.mrtpo.trainer import MRTPOTrainer
@@ -90,7 +90,7 @@ def run_step(monkeypatch, tiny, *overrides):
                      "rm_scores": nested([torch.zeros(n) for n in LENS]), "old_log_probs": nested(old),
                      "prompts": nested([torch.tensor(prompt)] * 4)}, batch_size=[4])
     td["uid"] = NonTensorStack(*UIDS)
-    td["extra_fields"] = NonTensorStack(*[{"reward_extra_info": {SCORES_KEY: json.dumps(s), CONTEXTS_KEY: json.dumps(CTX), ERROR_KEY: ""}}
+    td["extra_fields"] = NonTensorStack(*[{"reward_extra_info": {SCORES_KEY: json.dumps(s), CONTEXTS_KEY: json.dumps(ctx or CTX), ERROR_KEY: ""}}
                                           for s in SCORES])
     td["raw_prompt"] = NonTensorStack(*[MSGS] * 4)
     fake = FakeTQ(td)
@@ -113,8 +113,30 @@ def run_step(monkeypatch, tiny, *overrides):
     return fake, metrics, calls, meta, responses, prompt
 
 
+#: OPSD's teacher prompt of MSGS with CTX, written out (the default template, not built by the code under test):
+#: the gold SQL framed as a reference solution after the user turn (MRTPO's replay P_all keeps a bare block)
+TEACHER_MSGS = [{"role": "user", "content": (
+    MSGS[0]["content"] + "\n\nHere is a reference solution:\n" + CTX["execution_match"]["text"] + "\n\n"
+    "After understanding the reference solution, please try to solve this problem using your own approach below.")}]
+
+
 def p_all(tok):
-    return build_sample_variants(MSGS, CTX, ["format"], lambda m: render(tok, m)).variants[0]
+    """The teacher prompt's ids (framed; not the replay's P_all)."""
+    ids = render(tok, TEACHER_MSGS)
+    assert list(ids) != list(build_sample_variants(MSGS, CTX, ["format"], lambda m: render(tok, m)).variants[0])
+    return ids
+
+
+def test_opsd_without_privileged_information_says_so_once(monkeypatch, tiny, caplog):
+    """Every Z in the prompt (instruction following): the teacher prompt is the rollout prompt on every row,
+    the step counts 0 privileged rows and the trainer logs one line saying what OPSD then is."""
+    placed = {"format": CTX["format"]}
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+        _, metrics, calls, _, _, _ = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd",
+                                              f"mrtpo.opsd_topk={K}", ctx=placed)
+    assert calls == [4] and metrics["mrtpo/rows_privileged"] == 0 and metrics["mrtpo/opsd/rows_same_prompt"] == 4
+    lines = [r.getMessage() for r in caplog.records if "privileged information" in r.getMessage()]
+    assert len(lines) == 1 and "method opsd" in lines[0] and "GDPO here" in lines[0]
 
 
 def test_gdpo_opsd_writes_gdpos_advantage_and_p_alls_topk(monkeypatch, tiny):
@@ -125,7 +147,7 @@ def test_gdpo_opsd_writes_gdpos_advantage_and_p_alls_topk(monkeypatch, tiny):
     assert ref_calls == [] and calls == [4]
     assert set(fake.put) == {"advantages", "returns", "teacher_logprobs", "teacher_ids"}
     assert torch.equal(fake.put["advantages"].to_padded_tensor(0.0), ref.put["advantages"].to_padded_tensor(0.0))  # GDPO's
-    assert metrics["mrtpo/opsd/rows_privileged"] == 4 and metrics["mrtpo/beta"] == 0.0
+    assert metrics["mrtpo/opsd/rows_privileged"] == 4 and metrics["mrtpo/rows_privileged"] == 4 and metrics["mrtpo/beta"] == 0.0
     assert metrics["mrtpo/opsd/teacher_prompt_extra_tokens"] > 5  # the gold SQL block
     teacher = p_all(tok)
     for i, (lp, ids) in enumerate(zip(fake.put["teacher_logprobs"].unbind(), fake.put["teacher_ids"].unbind())):

@@ -52,3 +52,21 @@ def test_the_command_line_lists_overrides_and_knobs():
     assert "rlsd_lambda" in run("reads", "rlsd").stdout.split()
     bad = run("overrides", "nope")
     assert bad.returncode == 2 and "unknown method" in bad.stderr
+
+
+def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_privileged_information():
+    """OPSD and RLSD (and no other method) read mrtpo.teacher_template and carry a no-privileged line, logged
+    only on a step whose mrtpo/rows_privileged is 0; RLSD's is GDPO exactly only with the live teacher."""
+    teachers = {n for n, m in methods.METHODS.items() if m.self_teacher}
+    assert teachers == {"opsd", "rlsd"}
+    assert {n for n, m in methods.METHODS.items() if "teacher_template" in m.reads} == teachers
+    rlsd, opsd, gdpo = methods.get("rlsd"), methods.get("opsd"), methods.get("gdpo")
+    line = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 0.0}, 1)
+    assert line.startswith("mrtpo: method rlsd, step 1: no row has privileged information") and "= GDPO here" in line
+    assert "\n" not in line
+    initial = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 1.0}, 1)
+    assert "= GDPO here" not in initial and "initial policy" in initial
+    assert "GDPO here" in methods.no_privileged_line(opsd, {"mrtpo/rows_privileged": 0}, 3)
+    assert methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 2}, 1) is None
+    assert methods.no_privileged_line(rlsd, {}, 1) is None  # not measured (the pass did not run)
+    assert methods.no_privileged_line(gdpo, {"mrtpo/rows_privileged": 0}, 1) is None

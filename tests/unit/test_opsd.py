@@ -216,26 +216,42 @@ def test_verl_loss_zero_on_identical_prompts_and_decreasing_when_they_differ(tin
 
 
 # ------------------------------------------------------------------------------------------- driver
-def test_teacher_prompts_are_the_replays_p_all_with_fallbacks(tiny):
+#: the teacher prompt of MSGS with CTX_APPENDED under the default template, written out here (not built by the
+#: code under test): the user turn, then the gold SQL framed as the RLSD authors frame a reference solution
+FRAMED = [{"role": "user", "content": (
+    "List the three longest tracks. Answer with one SQL query.\n\n"
+    "Here is a reference solution:\n"
+    "SELECT Name FROM Track ORDER BY Milliseconds DESC LIMIT 3\n\n"
+    "After understanding the reference solution, please try to solve this problem using your own approach below.")}]
+
+
+def test_teacher_prompts_frame_the_privileged_information_with_fallbacks(tiny):
+    """The teacher prompt is the rollout prompt with the appended Z framed by the template, not the replay's bare
+    verifier block; a prompt-placed-only sample (no privileged information) keeps its rollout prompt."""
     tok, _ = tiny
     render = render_fn(tok)
     rollout = render(MSGS)
     contexts = [CTX_APPENDED, CTX_PROMPT, {}, CTX_APPENDED, CTX_APPENDED]
     messages = [MSGS, MSGS, MSGS, None, MSGS]
-    limit = len(rollout) + 5  # P_all with the gold SQL is longer
     prompts, reasons = teacher_prompts(contexts, messages, [rollout] * 5, render, None)
-    assert prompts[0] == build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0]
+    assert prompts[0] == render(FRAMED)
+    assert prompts[0] != build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0]
     assert prompts[1] == rollout and reasons[:2] == [None, None]
     assert prompts[2] == rollout and reasons[2] == "no_contexts"
     assert prompts[3] == rollout and reasons[3] == "no_messages"
+    limit = len(render(FRAMED)) - 1
     prompts, reasons = teacher_prompts(contexts, messages, [rollout] * 5, render, limit)
     assert reasons[0] == "too_long" and prompts[0] == rollout and reasons[1] is None
+    own = "Task: {prompt}\nKnown answer: {information}"
+    prompts, _ = teacher_prompts(contexts[:1], messages[:1], [rollout], render, None, template=own)
+    assert prompts[0] == render([{"role": "user", "content": "Task: " + MSGS[0]["content"] + "\nKnown answer: "
+                                  + CTX_APPENDED["execution_match"]["text"]}])
 
 
 def test_teacher_prompts_render_each_row_as_the_rollout_did(tiny):
-    """With ``row_render`` (the rows' tools, as the trainer passes them) each row's P_all comes from its own
-    render: a row rendered with tools gets the tools in its teacher prompt, a prompt-placed row stays its rollout
-    prompt under that render."""
+    """With ``row_render`` (the rows' tools, as the trainer passes them) each row's teacher prompt comes from its
+    own render: a row rendered with tools gets the tools in its teacher prompt, a prompt-placed row stays its
+    rollout prompt under that render."""
     tok, _ = tiny
     render = render_fn(tok)
     marker = tok.encode("TOOLS", add_special_tokens=False)
@@ -245,10 +261,10 @@ def test_teacher_prompts_render_each_row_as_the_rollout_did(tiny):
     rollouts = [with_tools(MSGS), render(MSGS), with_tools(MSGS), render(MSGS)]
     prompts, reasons = teacher_prompts(contexts, [MSGS] * 4, rollouts, render, None, row_render)
     assert reasons == [None] * 4
-    assert prompts[0] == build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], with_tools).variants[0]
+    assert prompts[0] == with_tools(FRAMED)
     assert prompts[0][:len(marker)] == marker and prompts[1][:len(marker)] != marker
-    assert prompts[1] == build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0]
-    assert prompts[2] == rollouts[2] and prompts[3] == rollouts[3]  # P_all is the rollout prompt, tools included
+    assert prompts[1] == render(FRAMED)
+    assert prompts[2] == rollouts[2] and prompts[3] == rollouts[3]  # no privileged information: the rollout prompt
 
 
 def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
@@ -281,7 +297,7 @@ def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
     assert sizes == [4]  # padded to the data-parallel size
     m = teacher.metrics
     assert teacher.privileged == [True, False, False]
-    assert m["mrtpo/opsd/rows_privileged"] == 1 and m["mrtpo/opsd/rows_same_prompt"] == 1 and m["mrtpo/opsd/fallback/no_contexts"] == 1
+    assert m["mrtpo/opsd/rows_privileged"] == 1 and m["mrtpo/rows_privileged"] == 1 and m["mrtpo/opsd/rows_same_prompt"] == 1 and m["mrtpo/opsd/fallback/no_contexts"] == 1
     assert 0 < m["mrtpo/opsd/teacher_topk_mass"] <= 1 and m["mrtpo/opsd/teacher_prompt_extra_tokens"] > 0
     # rows taught from the rollout prompt reproduce old_log_probs: the gain is the privileged row's alone
     gain0 = float(((teacher.token_logprobs[0] - old[0]) * mask[0]).sum() / mask.sum())

@@ -284,3 +284,68 @@ def test_cached_render_prepare_encodes_a_batch_at_once_and_keys_by_the_whole_mes
     plain = CachedRender(render=lambda m: [len(m)])
     plain.prepare([a])  # a whole-prompt renderer has nothing to batch: it renders on demand
     assert plain.calls == 0 and plain(a) == [1] and plain.hits == 0
+
+
+# ----------------------------------------------------------------------- the self-teachers' teacher prompt
+SQL_MSGS = [{"role": "system", "content": "You write SQL."},
+            {"role": "user", "content": "List the tracks. Reply with one query.  "}]
+SQL_CTX = {"execution_match": {"text": " SELECT Name FROM Track\n", "placement": "appended"},
+           "format": {"text": "Reply with one query.", "placement": "prompt"}}
+#: the default framing written out (the RLSD authors' self-distillation wording, its format sentence left out)
+FRAMED_SQL = ("List the tracks. Reply with one query.\n\nHere is a reference solution:\nSELECT Name FROM Track\n\n"
+              "After understanding the reference solution, please try to solve this problem using your own approach below.")
+
+
+def test_teacher_messages_frame_the_appended_information_with_the_references_wording():
+    from recipe.mrtpo.core.prompt_variants import teacher_messages
+
+    out = teacher_messages(SQL_MSGS, SQL_CTX)
+    assert out == [SQL_MSGS[0], {"role": "user", "content": FRAMED_SQL}]
+    assert SQL_MSGS[1]["content"].endswith("  ")  # the input is not modified
+    # several appended Z: each under its reward name, in name order
+    two = {**SQL_CTX, "columns": {"text": "Name", "placement": "appended"}}
+    body = teacher_messages(SQL_MSGS, two)[1]["content"]
+    assert "Here is a reference solution:\n[columns]\nName\n\n[execution_match]\nSELECT Name FROM Track\n\nAfter" in body
+    # an appended Z without text is no information
+    assert teacher_messages(SQL_MSGS, {"execution_match": {"text": "", "placement": "appended"}}) == SQL_MSGS
+
+
+def test_no_privileged_information_no_framing():
+    """Every Z in the prompt (instruction following): the teacher prompt is the rollout prompt, unframed."""
+    from recipe.mrtpo.core.prompt_variants import teacher_messages
+
+    assert teacher_messages(MSGS, CTX) == MSGS
+    assert render(teacher_messages(MSGS, CTX)) == render(MSGS)
+    assert teacher_messages(None, CTX) is None and teacher_messages([], CTX) is None
+
+
+def test_a_teacher_template_of_ones_own_and_its_checks():
+    from recipe.mrtpo.core.prompt_variants import check_teacher_template, teacher_messages
+
+    out = teacher_messages(SQL_MSGS, SQL_CTX, "{{hint}} {information} | {prompt}")
+    assert out[1]["content"] == "{hint} SELECT Name FROM Track | List the tracks. Reply with one query."
+    # the replay's unframed P_all through the knob: the bare verifier block after the user turn
+    bare = "{prompt}\n\n<verifier_information>\n[execution_match]\n{information}\n</verifier_information>"
+    replay = build_sample_variants(SQL_MSGS, SQL_CTX, ["format"], render).variants[0]
+    assert render(teacher_messages(SQL_MSGS, SQL_CTX, bare)) == render(
+        append_to_last_user(SQL_MSGS, verifier_block([("execution_match", "SELECT Name FROM Track")])))
+    assert replay != render(teacher_messages(SQL_MSGS, SQL_CTX))  # the default framing is not the replay's P_all
+    check_teacher_template(None)
+    for bad in ("{prompt}", "{prompt} {information} {prompt}", "{prompt} {information} {x}", "{prompt {information}", 3):
+        with pytest.raises(ValueError, match="teacher_template"):
+            check_teacher_template(bad)
+
+
+def test_without_a_text_user_turn_the_framed_information_is_a_new_turn():
+    from recipe.mrtpo.core.prompt_variants import teacher_messages
+
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    out = teacher_messages(msgs, {"gold": {"text": "a cat", "placement": "appended"}}, "{prompt}\n\nAnswer: {information}")
+    assert out == [msgs[0], {"role": "user", "content": "Answer: a cat"}]
+
+
+def test_mrtpos_p_all_is_not_framed():
+    """The template applies to the self-teachers only: the replay's P_all keeps the bare verifier block."""
+    sv = build_sample_variants(SQL_MSGS, SQL_CTX, ["execution_match"], render)
+    want = SQL_MSGS[1]["content"].rstrip() + "\n\n<verifier_information>\n[execution_match]\n SELECT Name FROM Track\n\n</verifier_information>"
+    assert sv.variants[0] == render([SQL_MSGS[0], {"role": "user", "content": want}])

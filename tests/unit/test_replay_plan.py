@@ -189,3 +189,27 @@ def test_the_p_all_plan_forwards_the_teacher_prompt_alone():
     assert every.inputs["variant_ids"][1, 0, -len(rollout):].tolist() == rollout
     short = build_p_all_plan(2, contexts, [msgs] * 5, responses, mask, render, prompts, max_prompt_length=len(rollout))
     assert short.rows == [] and dict(short.fallback_reasons) == {"no_contexts": 1, "too_long": 2}
+
+
+def test_the_p_all_plans_teacher_prompt_is_framed_by_the_template():
+    """RLSD's teacher prompt (the P_all-only plan) is the rollout prompt with the appended Z framed as a reference
+    solution (written out here), or by mrtpo.teacher_template; a prompt-placed-only row is not privileged."""
+    from recipe.mrtpo.core.replay_plan import build_p_all_plan
+
+    msgs = [{"role": "user", "content": "Write SQL."}]
+    contexts = [{"gold": {"text": "SELECT 1", "placement": "appended"}}, {"fmt": {"text": "Write SQL.", "placement": "prompt"}}]
+    mask = torch.ones(2, 3, dtype=torch.long)
+    responses = torch.arange(6).view(2, 3)
+
+    def text(plan, r):
+        n = int(plan.inputs["variant_lens"][r, 0])
+        return "".join(chr(i) for i in plan.inputs["variant_ids"][r, 0, -n:].tolist())
+
+    default = build_p_all_plan(1, contexts, [msgs] * 2, responses, mask, render, [render(msgs)] * 2, every_row=True)
+    assert text(default, 0) == "".join(chr(i) for i in render([{"role": "user", "content": (
+        "Write SQL.\n\nHere is a reference solution:\nSELECT 1\n\nAfter understanding the reference solution, please "
+        "try to solve this problem using your own approach below.")}]))
+    assert default.privileged == [True, False] and text(default, 1) == "".join(chr(i) for i in render(msgs))
+    own = build_p_all_plan(1, contexts, [msgs] * 2, responses, mask, render, [render(msgs)] * 2,
+                           template="{information} -> {prompt}")
+    assert own.rows == [0] and text(own, 0) == "".join(chr(i) for i in render([{"role": "user", "content": "SELECT 1 -> Write SQL."}]))

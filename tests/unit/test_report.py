@@ -390,3 +390,49 @@ def test_figures_have_integer_steps_legends_outside_and_nothing_cut(monkeypatch,
         title = fig._suptitle.get_window_extent(renderer)
         width, height = fig.bbox.width, fig.bbox.height
         assert title.x0 >= 0 and title.x1 <= width and title.y1 <= height, "title or subtitle cut"
+
+
+def test_self_teacher_runs_without_privileged_information_are_marked(tmp_path, console_line):
+    """An RLSD run whose every step logged mrtpo/rows_privileged = 0 is marked "= GDPO here" in the table, with
+    the reason below it; an RLSD run with privileged rows, a GDPO run and a run that never logged the count
+    are not; an older log's mrtpo/opsd/rows_privileged counts too."""
+    root = tmp_path / "runs"
+
+    def run(method: str, task: str, counts, extra=None, key="mrtpo/rows_privileged"):
+        d = root / f"{MODEL}_{task}_{method}_seed0"
+        d.mkdir(parents=True)
+        lines = []
+        for i, c in enumerate(counts):
+            data = {"mrtpo/reward/lower/mean": 0.5, **(extra or {})}
+            if c is not None:
+                data[key] = c
+            lines.append(console_line(data, step=i + 1))
+        (d / "train.log").write_text("\n".join(lines) + "\n")
+        _eval_json(d / "eval" / "ifeval.json", "ifeval", {"prompt_level_strict": 0.5})
+
+    run("rlsd", "ifbench", [0, 0, 0], {"mrtpo/rlsd/teacher_initial": 0.0})
+    run("gdpo", "ifbench", [0, 0, 0])  # not a self-teacher: never marked
+    run("rlsd", "spider", [0, 3, 0])  # privileged rows on a step
+    run("opsd", "ifbench", [None, 0, 0], key="mrtpo/opsd/rows_privileged")  # an older log's name
+    run("opsd", "bfcl", [None, None])  # never logged: not marked
+    summary = build_report(root)
+    md = (root / "report" / "table.md").read_text()
+    header, rows = _table_cells(md)
+    assert rows["gdpo"][0] == "50.0"
+    marked = {c["method"]: c["no_privileged"] for c in summary["table"]}
+    assert marked["gdpo"] is None
+    by_task = {(c["method"], tuple(c["train_tasks"])): c for c in summary["table"]}
+    assert by_task[("rlsd", ("ifbench", "spider"))]["no_privileged"] is None  # the spider run had privileged rows
+    got = {(x["task"], x["method"]): x["mark"] for x in summary["no_privileged"]}
+    assert got == {("ifbench", "rlsd"): "= GDPO here", ("ifbench", "opsd"): "≈ GDPO here"}
+
+    # one training task per method: its cells carry the mark and the table says why
+    for d in ("Qwen2.5-0.5B_spider_rlsd_seed0", "Qwen2.5-0.5B_bfcl_opsd_seed0"):
+        shutil.rmtree(root / d)
+    build_report(root)
+    md = (root / "report" / "table.md").read_text()
+    header, rows = _table_cells(md)
+    assert rows["rlsd"][0] == "50.0 [= GDPO here]" and rows["opsd"][0] == "50.0 [≈ GDPO here]"
+    assert rows["gdpo"][0] == "50.0"
+    assert "[= GDPO here] (rlsd): the run logged mrtpo/rows_privileged = 0 on every step" in md
+    assert "advantage is GDPO's exactly" in md

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from verl.base_config import BaseConfig
 
 from recipe.mrtpo.core.advantage import REWARD_WEIGHTINGS  # noqa: F401  (re-exported: the choices live with the maths)
+from recipe.mrtpo.core.prompt_variants import check_teacher_template
 from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
 
 #: mrtpo.mode's values: the ``mode`` of the methods registry's entries (recipe/mrtpo/methods/; the registry
@@ -65,6 +66,9 @@ class MRTPOConfig(BaseConfig):
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
     fused_check_every: int = 10  # verl's own old_log_prob beside the fused pass every N steps and the first; 0 = never
     max_replay_prompt_length: Optional[int] = None  # longer variants fall back to uniform weights
+    # OPSD / RLSD: the framing of the privileged information in the teacher prompt, a str.format string with
+    # {prompt} (the last user turn) and {information} (the appended Z_k); None = core.prompt_variants.TEACHER_TEMPLATE
+    teacher_template: Optional[str] = None
     opsd_topk: int = 32  # OPSD: teacher log-probs kept per response token (verl's distillation topk default)
     opsd_loss_mode: str = "forward_kl_topk"  # OPSD: verl distillation loss (OPSD_LOSS_MODES)
     opsd_loss_coef: float = 1.0  # OPSD: policy loss of the advantage + coef * distillation loss
@@ -94,6 +98,7 @@ class MRTPOConfig(BaseConfig):
             raise ValueError(f"mrtpo.chunk_size must be >= 1 or null, got {self.chunk_size}")
         if self.max_replay_prompt_length is not None and self.max_replay_prompt_length < 1:
             raise ValueError(f"mrtpo.max_replay_prompt_length must be >= 1 or null, got {self.max_replay_prompt_length}")
+        check_teacher_template(self.teacher_template)
         if self.opsd_topk < 1:
             raise ValueError(f"mrtpo.opsd_topk must be >= 1, got {self.opsd_topk}")
         _choice("opsd_loss_mode", self.opsd_loss_mode, OPSD_LOSS_MODES)

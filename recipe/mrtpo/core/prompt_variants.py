@@ -14,6 +14,10 @@
 
   P_minus_k is the same block without Z_k (no block at all when nothing is left).
 
+The self-teachers (OPSD, RLSD) do not use the replay's P_all as their teacher prompt: they frame the
+privileged information with an instruction, as their references do (:func:`teacher_messages`,
+:data:`TEACHER_TEMPLATE`). MRTPO's replay (P_all, P_minus_k) is unframed.
+
 A variant that cannot be built gets no replay and its pair falls back to uniform weights, counted by
 reason: ``not_found`` (Z_k not in the prompt), ``empty_context``, ``too_long`` (over the replay prompt
 length limit), ``no_messages`` (no raw chat to edit). Variants are deduplicated by token ids: identical
@@ -132,6 +136,84 @@ def append_to_last_user(messages: Sequence[dict], block: str) -> list[dict]:
             out[i]["content"] = out[i]["content"].rstrip() + "\n\n" + block
             return out
     out.append({"role": "user", "content": block})
+    return out
+
+
+#: The self-teachers' framing of the privileged information (``mrtpo.teacher_template``; None = this one). The
+#: wording is the RLSD authors' self-distillation teacher prompt (iie-ycx/RLSD,
+#: ``examples/visual_rl/format_prompt/teacher_hint_self_distill.jinja``), which frames the information as OPSD's
+#: ``data_collator.py`` does (the problem, "Here is a reference solution to this problem:", the solution, an
+#: instruction to solve it); its last sentence, the output format of the authors' tasks, is left out: the
+#: rollout prompt ``{prompt}`` carries each task's own format instruction.
+TEACHER_TEMPLATE = (
+    "{prompt}\n\n"
+    "Here is a reference solution:\n"
+    "{information}\n\n"
+    "After understanding the reference solution, please try to solve this problem using your own approach below."
+)
+#: the fields a teacher template must use, each exactly once
+TEACHER_FIELDS = ("prompt", "information")
+
+
+def check_teacher_template(template: Optional[str]) -> None:
+    """Raise ValueError unless ``template`` is None or a ``str.format`` string using ``{prompt}`` and
+    ``{information}`` once each and no other field (literal braces doubled: ``{{`` ``}}``)."""
+    if template is None:
+        return
+    import string
+
+    if not isinstance(template, str):
+        raise ValueError(f"mrtpo.teacher_template must be a string or null, got {template!r}")
+    try:
+        names = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"mrtpo.teacher_template is not a format string ({e}); write literal braces as {{{{ }}}}") from e
+    bad = sorted({n for n in names if n not in TEACHER_FIELDS})
+    if bad or sorted(names) != sorted(TEACHER_FIELDS):
+        raise ValueError(f"mrtpo.teacher_template must use {{prompt}} and {{information}} once each and no other "
+                         f"field, got fields {names}")
+
+
+def frame_information(prompt: str, information: str, template: Optional[str] = None) -> str:
+    """``template`` (:data:`TEACHER_TEMPLATE` when None) filled with a user turn's text and the information,
+    each stripped of surrounding white space (the reference template's ``trim``)."""
+    return (template if template is not None else TEACHER_TEMPLATE).format(prompt=prompt.strip(), information=information.strip())
+
+
+def privileged_information(contexts: dict[str, dict]) -> str:
+    """The information the rollout prompt lacks: every appended Z_k of the sample with text, in reward-name
+    order, each stripped and under its reward name when there are several (``[name]`` then the text); '' when
+    none."""
+    appended = [(n, contexts[n]["text"].strip()) for n in sorted(contexts)
+                if contexts[n].get("placement") == "appended" and (contexts[n].get("text") or "").strip()]
+    if len(appended) == 1:
+        return appended[0][1]
+    return "\n\n".join(f"[{name}]\n{text}" for name, text in appended)
+
+
+def teacher_messages(messages: Optional[Sequence[dict]], contexts: dict[str, dict],
+                     template: Optional[str] = None) -> Optional[list[dict]]:
+    """The self-teachers' teacher prompt (OPSD, RLSD) as messages, or None without messages.
+
+    The privileged information is what the rollout prompt lacks, the appended Z_k
+    (:func:`privileged_information`); the last user turn becomes ``template`` filled with its text
+    (``{prompt}``) and that information (``{information}``); the other turns are kept. A prompt-placed Z_k is
+    already in the rollout prompt, in place, as in the replay's P_all. A sample with no appended Z (every Z_k
+    prompt-placed: instruction following) has no privileged information and is not framed: its teacher prompt
+    is its rollout prompt. Without a user turn with text content, the framed information (``{prompt}``
+    empty) is a new user turn.
+    """
+    if not messages:
+        return None
+    out = [dict(m) for m in messages]  # contents are replaced, never edited in place
+    info = privileged_information(contexts)
+    if not info:
+        return out
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].get("role") == "user" and isinstance(out[i].get("content"), str):
+            out[i]["content"] = frame_information(out[i]["content"], info, template)
+            return out
+    out.append({"role": "user", "content": frame_information("", info, template).lstrip()})
     return out
 
 

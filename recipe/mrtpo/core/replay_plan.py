@@ -3,7 +3,8 @@
 Rule (docs/design.md §1.2): a pair (i, k) is replayed only if sample i's group has variance in r_k (otherwise
 A_{i,k} = 0 and its weights do not matter); a pair whose variant cannot be built falls back to
 uniform weights and is counted by reason. :func:`build_p_all_plan` is the pass of a method that needs the
-teacher prompt's log-probs alone (RLSD): no P_minus_k, no relevance, and no group-variance rule (after GDPO's
+teacher prompt's log-probs alone (RLSD; its teacher prompt, :func:`p_all_prompts`, is OPSD's too: P_all with
+the privileged information framed by an instruction): no P_minus_k, no relevance, and no group-variance rule (after GDPO's
 batch whitening every response has an advantage). Pure torch + :mod:`prompt_variants`; no verl.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from recipe.mrtpo.core.advantage import group_has_variance
-from recipe.mrtpo.core.prompt_variants import render_variants, rollout_prompt_variant, variant_messages
+from recipe.mrtpo.core.prompt_variants import render_variants, rollout_prompt_variant, teacher_messages, variant_messages
 from recipe.mrtpo.core.render_cache import CachedRender
 
 
@@ -145,31 +146,36 @@ def p_all_prompts(
     render: Callable[[list[dict]], list[int]],
     max_prompt_length: Optional[int] = None,
     row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
+    template: Optional[str] = None,
 ) -> tuple[list[list[int]], list[Optional[str]]]:
-    """Per sample: its teacher prompt ids, P_all (every Z_k of the sample, prompt-placed ones in place, appended
-    ones in one verifier block: the replay's variant 0), and, where P_all cannot be built, the reason
-    (``no_contexts``, ``no_messages``, ``too_long``); such a sample's teacher prompt is its rollout prompt.
-    ``row_render``: sample index -> its render, where samples were rendered differently (as in
-    :func:`build_replay_plan`)."""
+    """Per sample: the self-teachers' teacher prompt ids (OPSD's and RLSD's, :func:`teacher_messages`: the
+    rollout prompt with its appended Z_k framed by ``template``, ``mrtpo.teacher_template``; prompt-placed Z_k
+    in place; no framing where the sample has no appended Z, so that its teacher prompt is its rollout prompt),
+    and, where it cannot be built, the reason (``no_contexts``, ``no_messages``, ``too_long``); such a sample's
+    teacher prompt is its rollout prompt. ``row_render``: sample index -> its render, where samples were
+    rendered differently (as in :func:`build_replay_plan`)."""
     if not isinstance(render, CachedRender):
         render = CachedRender(render)  # one render per distinct prompt of the batch (a group shares its prompt)
-    built = [variant_messages(messages[i], dict(ctx), sorted(ctx)[:1]) if ctx else None for i, ctx in enumerate(contexts)]
+    built = [teacher_messages(messages[i], dict(ctx), template) if ctx else None for i, ctx in enumerate(contexts)]
     renders = [row_render(i) if row_render is not None else render for i in range(len(built))]
     for r in {id(r): r for r in renders}.values():
         prepare = getattr(r, "prepare", None)
         if prepare is not None:  # the batch's prompts rendered and tokenized at once (CachedRender)
-            prepare([vm.p_all for vm, ri in zip(built, renders) if ri is r and vm is not None and vm.p_all is not None])
+            prepare([m for m, ri in zip(built, renders) if ri is r and m is not None])
     prompts: list[list[int]] = []
     reasons: list[Optional[str]] = []
-    for i, vm in enumerate(built):
-        reason = "no_contexts" if vm is None else None
-        if vm is not None:
-            ids = list(renders[i](vm.p_all)) if vm.p_all is not None else None
-            if ids is not None and (max_prompt_length is None or len(ids) <= max_prompt_length):
+    for i, msgs in enumerate(built):
+        if not contexts[i]:
+            reason = "no_contexts"
+        elif msgs is None:
+            reason = "no_messages"
+        else:
+            ids = list(renders[i](msgs))
+            if max_prompt_length is None or len(ids) <= max_prompt_length:
                 prompts.append(ids)
                 reasons.append(None)
                 continue
-            reason = "too_long" if ids is not None else next(iter(vm.fallbacks.values()), "no_messages")
+            reason = "too_long"
         prompts.append(list(rollout_prompts[i]))
         reasons.append(reason)
     return prompts, reasons
@@ -187,9 +193,10 @@ def build_p_all_plan(
     pad_id: int = 0,
     every_row: bool = False,
     row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
+    template: Optional[str] = None,
 ) -> ReplayPlan:
     """The P_all-only pass of a batch: one row per response with a valid token, its one variant the teacher
-    prompt (:func:`p_all_prompts`), nothing replayed against it (``pair_variant`` -1: the worker returns the
+    prompt (:func:`p_all_prompts`, framed by ``template``), nothing replayed against it (``pair_variant`` -1: the worker returns the
     variant's log-probs of the sampled tokens and no relevance).
 
     ``every_row`` False plans only the rows whose teacher prompt differs from their rollout prompt (for the
@@ -198,7 +205,7 @@ def build_p_all_plan(
     per row whether its P_all differs from its rollout prompt; ``plan.rollout_variant`` is 0 where the teacher
     prompt is the rollout prompt, else -1. Fallback reasons are counted per sample in ``fallback_reasons``.
     """
-    prompts, reasons = p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length, row_render)
+    prompts, reasons = p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length, row_render, template)
     plan = ReplayPlan(rows=[], inputs={})
     plan.replayed_mask = torch.zeros(len(prompts), num_rewards, dtype=torch.bool)
     has_tokens = response_mask.reshape(len(prompts), -1).sum(-1) > 0 if len(prompts) else torch.zeros(0, dtype=torch.bool)

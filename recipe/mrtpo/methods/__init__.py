@@ -15,7 +15,11 @@ A method is what ``ALGO=<name>`` selects in the run scripts and what a report ro
   verl's own estimator step (GRPO);
 - ``after_step``: a hook after the advantage is written (OPSD's teacher pass and loss settings), named by
   its import path (:class:`GlueRef`);
-- ``checks``: verl settings the method cannot run with, refused with what to change.
+- ``checks``: verl settings the method cannot run with, refused with what to change;
+- ``no_privileged``: for a self-teacher (OPSD, RLSD), what it is where no row's teacher prompt differs
+  from its rollout prompt (a mark and a sentence): the launch line of such a run
+  (:func:`no_privileged_line`, on the first step whose ``mrtpo/rows_privileged`` is 0) and the report's
+  mark of its table cells.
 
 Layout: :mod:`.types` (the entry's types), :mod:`.checks` (the shared verl-setting checks), one module per
 method or family holding its entry, advantage, pass needs and hook (:mod:`.gdpo`: GRPO and GDPO;
@@ -32,17 +36,21 @@ from recipe.mrtpo.methods.registry import METHODS, get, main, modes, name_of, na
 from recipe.mrtpo.methods.types import (
     PASS_KNOBS,
     RESOURCE_KNOBS,
+    ROWS_PRIVILEGED,
     SELECTORS,
     STEP_KNOBS,
+    TEACHER_KNOBS,
     AdvantageInputs,
     GlueRef,
     Method,
     ReplayPass,
     StepContext,
+    no_privileged_line,
 )
 
 __all__ = [
-    "METHODS", "PASS_KNOBS", "RESOURCE_KNOBS", "SELECTORS", "STEP_KNOBS", "AdvantageInputs", "GlueRef", "Method",
+    "METHODS", "PASS_KNOBS", "RESOURCE_KNOBS", "ROWS_PRIVILEGED", "SELECTORS", "STEP_KNOBS", "TEACHER_KNOBS",
+    "AdvantageInputs", "GlueRef", "Method",
     "ReplayPass", "StepContext", "gdpo_advantage", "get", "main", "modes", "name_of", "names", "replay_pass_of",
-    "resolve",
+    "resolve", "no_privileged_line",
 ]

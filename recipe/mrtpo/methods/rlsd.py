@@ -20,7 +20,16 @@ from dataclasses import replace
 
 from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
-from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, AdvantageInputs, Method, ReplayPass, get_key
+from recipe.mrtpo.methods.types import (
+    PASS_KNOBS,
+    ROWS_PRIVILEGED,
+    STEP_KNOBS,
+    TEACHER_KNOBS,
+    AdvantageInputs,
+    Method,
+    ReplayPass,
+    get_key,
+)
 
 RLSD_KNOBS = ("rlsd_lambda", "rlsd_reweight_clip_range", "rlsd_lambda_warmup_steps", "rlsd_lambda_decay_steps",
               "rlsd_negative_only", "rlsd_teacher")
@@ -96,7 +105,19 @@ def rlsd_advantage(inp: AdvantageInputs):
         "mrtpo/rlsd/clip_share": float(((w - 1).abs() >= bound - 1e-6).float().mean()) if w.numel() and bound > 0 else 0.0,
         "mrtpo/rlsd/sign_flips": int(((torch.sign(out) != torch.sign(adv)) & valid).sum()),  # 0 by construction
     })
+    if rp is not None:  # measured only where the pass ran (lambda_s > 0)
+        stats.extra[ROWS_PRIVILEGED] = int(sum(rp.privileged))
     return out, stats
+
+
+def rlsd_without_privileged(metrics: dict) -> tuple[str, str]:
+    """What RLSD is where no row has privileged information (its entry's ``no_privileged``), from a step's metrics:
+    with the live teacher GDPO exactly; with the initial one (``mrtpo/rlsd/teacher_initial`` 1) not GDPO."""
+    if metrics.get("mrtpo/rlsd/teacher_initial"):
+        return ("no privileged information", "the teacher is the initial policy under the rollout prompt itself, so r_t "
+                "reweights by the drift log p_0(y_t) - log pi_old(y_t), not by privileged information")
+    return ("= GDPO here", "the live teacher under the rollout prompt is the behaviour policy, so d_t = 0, every "
+            "weight r_t is 1 and the advantage is GDPO's exactly")
 
 
 def check_rlsd_teacher(config, method: Method, cfg) -> None:
@@ -126,7 +147,8 @@ def check_rlsd_teacher(config, method: Method, cfg) -> None:
 RLSD = Method(
     "rlsd", "RLSD: GDPO's final advantage times a clipped token weight from log p_T(y|P_all) - log p(y|prompt) (§1.8)",
     "gdpo",
-    mode="rlsd", reads=(*STEP_KNOBS, *PASS_KNOBS, *RLSD_KNOBS),
+    mode="rlsd", reads=(*STEP_KNOBS, *PASS_KNOBS, *TEACHER_KNOBS, *RLSD_KNOBS),
     replay=ReplayPass(variants="p_all", reference=initial_teacher), strength=rlsd_strength,
     advantage=rlsd_advantage, checks=(check_per_reward_step, check_module_forward, check_rlsd_teacher),
+    no_privileged=rlsd_without_privileged,
 )

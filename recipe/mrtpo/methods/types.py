@@ -21,6 +21,12 @@ STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays
 PASS_KNOBS = ("max_replay_prompt_length", "fused_check_every")
 
+#: knobs of the self-teachers' teacher prompt, read by every method with a self-teacher (OPSD, RLSD)
+TEACHER_KNOBS = ("teacher_template",)
+#: the step metric of the self-teachers: rows whose teacher prompt differs from their rollout prompt (they have
+#: privileged information); 0 on every step of a run means the method had none (``Method.no_privileged``)
+ROWS_PRIVILEGED = "mrtpo/rows_privileged"
+
 #: the prompts a replay pass forwards (``ReplayPass.variants``)
 PASS_VARIANTS = ("per_reward", "joint", "p_all")
 
@@ -126,6 +132,9 @@ class Method:
     advantage: Optional[Callable[[AdvantageInputs], tuple]] = None
     after_step: Optional[Callable[[StepContext], Any]] = None  # a GlueRef (or any callable)
     checks: tuple[Callable[[Any, Method, Any], None], ...] = field(default=())  # (config, method, MRTPOConfig)
+    # a self-teacher's step metrics -> (mark, sentence): what the method is where no row has privileged
+    # information (the report's mark of such a run, the launch line); None for the other methods
+    no_privileged: Optional[Callable[[dict], tuple[str, str]]] = None
 
     @property
     def overrides(self) -> tuple[str, ...]:
@@ -143,6 +152,22 @@ class Method:
 
     def reads_knob(self, knob: str) -> bool:
         return knob in self.reads or knob in SELECTORS or knob in RESOURCE_KNOBS
+
+    @property
+    def self_teacher(self) -> bool:
+        """The method learns from the policy under a teacher prompt with privileged information (OPSD, RLSD)."""
+        return self.no_privileged is not None
+
+
+def no_privileged_line(method: Method, metrics: dict, step) -> Optional[str]:
+    """The one line a self-teacher's run logs when a step's :data:`ROWS_PRIVILEGED` is 0 (no row's teacher
+    prompt differs from its rollout prompt), else None (also for methods without a self-teacher and steps
+    where it was not measured)."""
+    if not method.self_teacher or metrics.get(ROWS_PRIVILEGED, None) is None or metrics[ROWS_PRIVILEGED] != 0:
+        return None
+    mark, sentence = method.no_privileged(metrics)
+    return (f"mrtpo: method {method.name}, step {step}: no row has privileged information (every teacher prompt is "
+            f"its rollout prompt: each Z_k is already in the prompt, or none is given); {method.name} {mark}: {sentence}")
 
 
 def get_key(config, dotted: str, default=None):

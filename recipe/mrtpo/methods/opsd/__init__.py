@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
-from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, GlueRef, Method
+from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, TEACHER_KNOBS, GlueRef, Method
 
 
 def check_opsd(config, method: Method, cfg) -> None:
@@ -26,7 +26,14 @@ def check_opsd(config, method: Method, cfg) -> None:
                          "(True starts verl's teacher servers)")
 
 
+#: what OPSD is where no row has privileged information (its entry's ``no_privileged``)
+OPSD_WITHOUT_PRIVILEGED = (
+    "the teacher is the behaviour policy under the student's own prompt, so the distillation term's value is 0 at the "
+    "first update of the step and later only measures how far the update moved the policy; the RL loss is GDPO's"
+)
+
 OPSD = Method("opsd", "OPSD: GDPO + verl's distillation loss to the policy under P_all (docs/opsd.md)", "gdpo",
-              mode="opsd", reads=(*STEP_KNOBS, *PASS_KNOBS, "opsd_topk", "opsd_loss_mode", "opsd_loss_coef"),
+              mode="opsd", reads=(*STEP_KNOBS, *PASS_KNOBS, *TEACHER_KNOBS, "opsd_topk", "opsd_loss_mode", "opsd_loss_coef"),
               advantage=gdpo_advantage, after_step=GlueRef("recipe.mrtpo.methods.opsd.step", "write_opsd_teacher"),
-              checks=(check_per_reward_step, check_module_forward, check_opsd))
+              checks=(check_per_reward_step, check_module_forward, check_opsd),
+              no_privileged=lambda metrics: ("≈ GDPO here", OPSD_WITHOUT_PRIVILEGED))

@@ -1,8 +1,8 @@
 """The driver's side of OPSD (``mrtpo.mode=opsd``, docs/opsd.md): teacher prompts, the teacher pass, verl's fields.
 
 :func:`run_opsd_teacher` is what the trainer's advantage step calls: it builds each sample's teacher prompt
-``P_all`` with :func:`recipe.mrtpo.core.prompt_variants.build_sample_variants` (variant 0, exactly the replay's
-P_all: every Z_k of the sample, prompt-placed ones in place, appended ones in one verifier block), packs the
+(:func:`teacher_prompts`: the rollout prompt with the sample's appended Z_k framed by an instruction, as the
+references frame privileged information, ``mrtpo.teacher_template``; prompt-placed ones in place), packs the
 rows, pads them to the data-parallel size, calls ``dispatch`` (the worker group's ``compute_opsd_teacher``, or
 any function with the same contract in tests) and maps the answer back to the batch. :func:`teacher_fields`
 turns it into verl's ``teacher_logprobs`` / ``teacher_ids`` in verl's per-sequence layout, the fields verl's
@@ -23,9 +23,9 @@ import torch
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
 from recipe.mrtpo.core.passes import PassSettings
-from recipe.mrtpo.core.prompt_variants import build_sample_variants
-from recipe.mrtpo.core.render_cache import CachedRender
+from recipe.mrtpo.core.replay_plan import p_all_prompts
 from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields, topk_mass
+from recipe.mrtpo.methods.types import ROWS_PRIVILEGED
 from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
 from recipe.mrtpo.reward_extras import RewardTable
 
@@ -59,32 +59,19 @@ def teacher_prompts(
     render: Callable[[list[dict]], list[int]],
     max_prompt_length: Optional[int] = None,
     row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
+    template: Optional[str] = None,
 ) -> tuple[list[list[int]], list[Optional[str]]]:
-    """Per sample: its teacher prompt ids and, where P_all could not be built, the reason. ``row_render``:
+    """Per sample: its teacher prompt ids and, where it could not be built, the reason. ``row_render``:
     sample index -> its render, where samples were rendered with different tools (as the replay's planner).
 
-    P_all is variant 0 of :func:`build_sample_variants` with every reward of the sample (the same P_all for
-    any choice of replayed reward; one is passed so that a single P_minus_k is rendered besides it). A sample
-    without contexts (``no_contexts``) or whose P_all cannot be built (``no_messages``, ``too_long``) is
-    taught from its rollout prompt: the teacher is then the behaviour policy itself.
+    The self-teachers' one teacher prompt, RLSD's too (:func:`recipe.mrtpo.core.replay_plan.p_all_prompts`):
+    the rollout prompt with the sample's appended Z_k framed by ``template`` (``mrtpo.teacher_template``;
+    None: :data:`recipe.mrtpo.core.prompt_variants.TEACHER_TEMPLATE`), prompt-placed ones in place, no framing
+    where there is no appended Z (the teacher prompt is then the rollout prompt). A sample without contexts
+    (``no_contexts``) or whose teacher prompt cannot be built (``no_messages``, ``too_long``) is taught from
+    its rollout prompt: the teacher is then the behaviour policy itself.
     """
-    prompts: list[list[int]] = []
-    reasons: list[Optional[str]] = []
-    render = CachedRender(render)  # one render per distinct prompt of the batch (a group shares its prompt)
-    for i, ctx in enumerate(contexts):
-        ctx = dict(ctx or {})
-        reason = "no_contexts" if not ctx else None
-        if ctx:
-            sv = build_sample_variants(messages[i], ctx, sorted(ctx)[:1], row_render(i) if row_render else render,
-                                       max_prompt_length)
-            if sv.variants:
-                prompts.append(list(sv.variants[0]))
-                reasons.append(None)
-                continue
-            reason = next(iter(sv.fallbacks.values()), "not_found")
-        prompts.append(list(rollout_prompts[i]))
-        reasons.append(reason)
-    return prompts, reasons
+    return p_all_prompts(contexts, messages, rollout_prompts, render, max_prompt_length, row_render, template)
 
 
 def pack_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +119,7 @@ def run_opsd_teacher(
     t0 = time.perf_counter()
     B, T = responses.shape
     prompts, reasons = teacher_prompts(table.contexts, messages, rollout_prompts, render, cfg.max_replay_prompt_length,
-                                       row_render)
+                                       row_render, cfg.teacher_template)
     privileged = [p != list(r) for p, r in zip(prompts, rollout_prompts)]
     ids, lens = pack_prompts(prompts, pad_id)
     inputs = pad_to_multiple(
@@ -149,6 +136,7 @@ def run_opsd_teacher(
     )
     m = teacher.metrics
     m["mrtpo/opsd/rows_privileged"] = sum(privileged)
+    m[ROWS_PRIVILEGED] = sum(privileged)  # the self-teachers' common name (recipe.mrtpo.methods.types)
     m["mrtpo/opsd/rows_same_prompt"] = sum(1 for p, r in zip(privileged, reasons) if not p and r is None)
     for reason, n in Counter(r for r in reasons if r).items():
         m[f"mrtpo/opsd/fallback/{reason}"] = n

@@ -11,7 +11,10 @@ writes into ``--out-dir`` (default ``RUNS_DIR/report``):
   shuffle, mrtpo, then any other name), columns = evaluated task x its headline metric(s) (IFBench /
   IFEval prompt-level strict accuracy, Spider / BIRD execution accuracy, BFCL AST accuracy, ...).
   A cell is ``mean ± sample std (n=seeds)`` over seeds, or the value alone for a single seed; a
-  metric whose values all lie in [0, 1] is shown x 100.
+  metric whose values all lie in [0, 1] is shown x 100. A self-teacher (OPSD, RLSD) whose training runs
+  logged ``mrtpo/rows_privileged`` = 0 on every step had no privileged information: its cells carry the
+  method's mark (RLSD with the live teacher: ``[= GDPO here]``) with the reason below the table
+  (:mod:`recipe.mrtpo.tools.report.privileged`).
 - ``curves__<model>__<task>.png``: every ``mrtpo/reward/<name>/mean`` training metric against the
   step, one panel per reward, one line per method (mean over seeds, band = +-1 sample std over the
   seeds logged at that step).
@@ -22,7 +25,8 @@ writes into ``--out-dir`` (default ``RUNS_DIR/report``):
 - ``summary.json``: every number behind the above, the runs found, and the warnings.
 
 Which files are read and which run each belongs to: :mod:`recipe.mrtpo.tools.report.discovery`. The other
-modules: ``series`` (numbers per step and over seeds), ``table`` (the markdown table), ``plots`` (the PNGs);
+modules: ``series`` (numbers per step and over seeds), ``table`` (the markdown table), ``plots`` (the PNGs),
+``privileged`` (self-teacher runs without privileged information);
 this one assembles them and is the command line.
 """
 
@@ -39,6 +43,7 @@ from typing import Optional
 from recipe.mrtpo.tools.report.discovery import discover
 from recipe.mrtpo.tools.report.names import method_sort
 from recipe.mrtpo.tools.report.plots import plot_curves, plot_threshold
+from recipe.mrtpo.tools.report.privileged import group_marks
 from recipe.mrtpo.tools.report.series import (
     curve_stats,
     reward_series,
@@ -79,7 +84,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    cells = build_table(evals, metric_overrides or {}, warnings)
+    marks = group_marks(runs)  # self-teacher runs without privileged information
+    cells = build_table(evals, metric_overrides or {}, warnings, marks)
     (out_dir / "table.md").write_text(render_table(cells))
     written.append("table.md")
 
@@ -115,6 +121,8 @@ def build_report(runs_dir, out=None, threshold: float = 0.8, metric_overrides: O
         "evals": [{"model": e.model, "method": e.method, "seed": e.seed, "train_task": e.train_task,
                    "eval_task": e.eval_task, "path": e.path} for e in evals],
         "table": cells,
+        "no_privileged": [{"model": k[0], "task": k[1], "method": k[2], "mark": v[0], "why": v[1]}
+                          for k, v in sorted(marks.items())],
         "curves": curves_out,
         "threshold_steps": thresholds_out,
         "corrupt_lines": sum(r.corrupt_lines for r in runs),

@@ -71,9 +71,14 @@ def headline_columns(task: str, results: list[EvalResult], overrides: dict, warn
     return cols
 
 
-def build_table(evals: list[EvalResult], overrides: dict, warnings: list[str]) -> list[dict]:
+def build_table(evals: list[EvalResult], overrides: dict, warnings: list[str],
+                marks: Optional[dict] = None) -> list[dict]:
     """One entry per (model, method, eval task, headline metric): values over seeds, mean, std, n, and the
-    display scale (100 when every value of that column lies in [0, 1])."""
+    display scale (100 when every value of that column lies in [0, 1]). ``marks``: (model, training task,
+    method) -> (mark, sentence) of self-teacher runs without privileged information
+    (:func:`recipe.mrtpo.tools.report.privileged.group_marks`); a cell all of whose training tasks have
+    the same mark carries it (``no_privileged``)."""
+    marks = marks or {}
     cells = []
     for task in task_sort(r.eval_task for r in evals):
         results = [r for r in evals if r.eval_task == task]
@@ -87,12 +92,15 @@ def build_table(evals: list[EvalResult], overrides: dict, warnings: list[str]) -
                     if not group:
                         continue
                     mean, std, n = mean_spread(r.metrics[key] for r in group)
+                    tasks = sorted({r.train_task for r in group})
+                    got = {marks.get((model, t, method)) for t in tasks}
                     cells.append({
                         "model": model, "method": method, "task": task, "metric": key, "label": label,
                         "values": [r.metrics[key] for r in group], "seeds": [r.seed for r in group],
                         "train_tasks": sorted({r.train_task for r in group}),
                         "subsets": sorted({r.subset for r in group if r.subset}),
                         "mean": mean, "std": std, "n": n, "scale": scale,
+                        "no_privileged": list(next(iter(got))) if len(got) == 1 and None not in got else None,
                     })
     return cells
 
@@ -114,6 +122,7 @@ def render_table(cells: list[dict]) -> str:
         return "# Results\n\nNo eval results found (eval JSONs of `python -m recipe.mrtpo.tools.eval`).\n"
     lines = ["# Results", ""]
     subsets = False
+    notes: dict[str, tuple[str, str]] = {}  # method -> (mark, sentence) of its marked cells
     models = sorted({c["model"] for c in cells})
     columns = []
     for c in cells:
@@ -136,6 +145,10 @@ def render_table(cells: list[dict]) -> str:
                 if c and c.get("subsets"):
                     text += " [subset " + ", ".join(c["subsets"]) + "]"
                     subsets = True
+                if c and c.get("no_privileged"):
+                    mark, sentence = c["no_privileged"]
+                    text += f" [{mark}]"
+                    notes.setdefault(method, (mark, sentence))
                 row.append(text)
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
@@ -144,4 +157,7 @@ def render_table(cells: list[dict]) -> str:
     if subsets:
         lines.append("[subset k/N]: scored on the first k of the N items of the evaluation file (`tools.eval "
                      "--limit`), not on the whole benchmark.")
+    for method, (mark, sentence) in notes.items():
+        lines.append(f"[{mark}] ({method}): the run logged mrtpo/rows_privileged = 0 on every step: no row's teacher "
+                     f"prompt differed from its rollout prompt (every Z_k already in the prompt), so {sentence}.")
     return "\n".join(lines) + "\n"
