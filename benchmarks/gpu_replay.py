@@ -166,8 +166,30 @@ def old_log_prob_padded(fwd, prompts, lens0, responses, mask, budget: int, devic
 def old_log_prob_rmpad(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str) -> torch.Tensor:
     """verl's remove-padding old_log_prob: sequences concatenated in one row (sum of tokens <= ``budget``),
     ``position_ids`` restarting at each, log-probs of the response tokens (module docstring)."""
+    return _rmpad_log_probs(model, prompts, lens0, responses, mask, budget, device, attn, 1.0, use_autocast=False)
+
+
+def verl_forward_step_log_probs(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str,
+                                temperature: float) -> torch.Tensor:
+    """verl 0.9.1's old_log_prob numerics (``FSDPEngineWithLMHead.forward_step`` with ``use_remove_padding``), for
+    the standing check on a machine without verl: the remove-padding forward under ``torch.autocast`` in the
+    model's dtype (none in fp32), the logits divided as ``_scale_logits_by_temperature`` divides them
+    (``logits / temperature.clamp(min=1e-8).to(logits.dtype)``, not at all at exactly 1.0), the log-prob in fp32
+    (flash-attention's cross entropy, verl's GPU path)."""
+    return _rmpad_log_probs(model, prompts, lens0, responses, mask, budget, device, attn, temperature, use_autocast=True)
+
+
+def _rmpad_log_probs(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str, temperature: float,
+                     use_autocast: bool) -> torch.Tensor:
+    """The remove-padding forward both functions above run: rows packed up to ``budget`` tokens, position ids
+    restarting per sequence (a block-diagonal causal mask where the attention is not varlen), optionally under
+    autocast in the model's dtype, logits divided by ``temperature`` in their dtype (not at all at 1.0), fp32
+    log-probs of the response tokens."""
     seqs = _rows_of(prompts, lens0, responses, mask)
     out = torch.zeros(mask.shape, dtype=torch.float32)
+    dtype = next(model.parameters()).dtype
+    on = use_autocast and dtype != torch.float32
+    autocast = torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=on)
     r = 0
     while r < len(seqs):
         rows, total = [r], len(seqs[r][0])
@@ -178,46 +200,6 @@ def old_log_prob_rmpad(model, prompts, lens0, responses, mask, budget: int, devi
         pos = torch.cat([torch.arange(len(seqs[i][0])) for i in rows])[None].to(device)
         kwargs = {}
         if attn != "flash_attention_2":  # SDPA / eager would attend across the sequences: block-diagonal mask
-            seg = torch.cat([torch.full((len(seqs[i][0]),), k) for k, i in enumerate(rows)]).to(device)
-            allowed = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool, device=device).tril()
-            mask4 = torch.zeros(1, 1, total, total, dtype=model.dtype, device=device)
-            kwargs["attention_mask"] = mask4.masked_fill(~allowed, torch.finfo(mask4.dtype).min)
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False, **kwargs).logits[0]
-        start = 0
-        for i in rows:
-            L, n = len(seqs[i][0]), seqs[i][1]
-            y = responses[i, :n].to(device)
-            lp = torch.log_softmax(logits[start + L - n - 1: start + L - 1].float(), -1)
-            out[i, :n] = lp.gather(-1, y[:, None]).squeeze(-1).cpu()
-            start += L
-        del logits
-        r += len(rows)
-    return out
-
-
-
-def verl_forward_step_log_probs(model, prompts, lens0, responses, mask, budget: int, device: str, attn: str,
-                                temperature: float) -> torch.Tensor:
-    """verl 0.9.1's old_log_prob numerics (``FSDPEngineWithLMHead.forward_step`` with ``use_remove_padding``), for
-    the standing check on a machine without verl: the remove-padding forward under ``torch.autocast`` in the
-    model's dtype (none in fp32), the logits divided as ``_scale_logits_by_temperature`` divides them
-    (``logits / temperature.clamp(min=1e-8).to(logits.dtype)``, not at all at exactly 1.0), the log-prob in fp32
-    (flash-attention's cross entropy, verl's GPU path)."""
-    seqs = _rows_of(prompts, lens0, responses, mask)
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    dtype = next(model.parameters()).dtype
-    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=dtype) if dtype != torch.float32
-                else torch.autocast(device_type=torch.device(device).type, enabled=False))
-    r = 0
-    while r < len(seqs):
-        rows, total = [r], len(seqs[r][0])
-        while r + len(rows) < len(seqs) and total + len(seqs[r + len(rows)][0]) <= budget:
-            total += len(seqs[r + len(rows)][0])
-            rows.append(r + len(rows))
-        ids = torch.cat([seqs[i][0] for i in rows])[None].to(device)
-        pos = torch.cat([torch.arange(len(seqs[i][0])) for i in rows])[None].to(device)
-        kwargs = {}
-        if attn != "flash_attention_2":
             seg = torch.cat([torch.full((len(seqs[i][0]),), k) for k, i in enumerate(rows)]).to(device)
             allowed = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool, device=device).tril()
             mask4 = torch.zeros(1, 1, total, total, dtype=dtype, device=device)
