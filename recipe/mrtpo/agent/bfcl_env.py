@@ -1,0 +1,335 @@
+"""BFCL v4 multi-turn's environment for one trajectory: the test entry, fresh backends, decoding, execution.
+
+No verl here (the agent loop, :mod:`.bfcl_loop`, binds this to verl's rollout); the pinned ``bfcl-eval``
+package supplies the backends, their function docs and its protocol's constants.
+
+The row's test entry (:func:`parse_entry`)
+    ``extra_info["bfcl_entry"]``: one entry of BFCL's question file as shipped (a mapping or its JSON
+    string): ``id``, ``question`` (per user turn, its messages; a held-out turn has none),
+    ``initial_config``, ``involved_classes`` and, in ``miss_func``, ``missed_function`` (turn -> names).
+    The function docs are added by BFCL's own ``populate_test_cases_with_predefined_functions`` (the
+    involved classes' docs, the held-out ones moved to their turn). ``excluded_function`` is carried by
+    the file but read by no code of bfcl-eval 2026.3.23; it is not read here either. A malformed entry is
+    a data error (:class:`BFCLEntryError`), not model output.
+
+Backends (:class:`BFCLEnv`)
+    One instance per involved class per trajectory, built as BFCL's ``execute_multi_turn_func_call`` builds
+    it (``class_()``, then ``_load_scenario(deepcopy(initial_config[class]), long_context=...)`` unless the
+    class is stateless), but held by the trajectory: BFCL keys its instances in the module's
+    ``globals()`` by ``{model}_{test_id}_{class}``, so two trajectories of one test id in one process (a
+    GRPO group) would share state there. Method names map to instances in ``involved_classes`` order, a
+    later class overriding an earlier one (BFCL's ``class_method_name_mapping``). WebSearchAPI (network)
+    and the memory classes (files on disk) are refused: no multi-turn category uses them.
+
+Decoding (:func:`decode_step`)
+    The recipe's tool-calling format (Qwen2.5's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    blocks, read by :func:`recipe.mrtpo.tasks.tool_json.extract_calls`, whose rules the tool-calling
+    task's docstring states) converted to BFCL's call strings as BFCL's ``convert_to_function_call`` writes
+    them: ``name(k1=repr(v1),k2=repr(v2))``. A step decodes whole or not at all (BFCL's decoders return
+    every call of a step or raise): a block that does not read as a call, a name or argument key that is
+    not a Python identifier (BFCL would ``eval`` the string; a key like ``a=__import__('os')...`` would
+    run), or more blocks than the step allows make the step an error with a reason.
+
+Execution (:meth:`BFCLEnv.execute`)
+    The call runs as BFCL's ``eval`` of ``instance.name(**arguments)`` does, without ``eval``: the method
+    is called with the decoded arguments (``repr`` of a JSON value evaluates back to the same value, so
+    the backend sees what BFCL's ``eval`` would pass). Results are BFCL's strings: a ``str`` as is, a
+    ``dict`` as JSON (``str`` when it does not serialise), anything else ``str``; an exception is
+    ``"Error during execution: {e}"``; BFCL's refused names (``kill``, ``exit``, ...) and names no
+    instance has give BFCL's messages. Each call runs in its own thread under a time limit: past it the
+    call is reported as timed out and the environment is *poisoned* (Python cannot stop a thread; an
+    asynchronous exception is raised in it, which ends pure-Python loops), so the loop ends the trajectory.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import importlib
+import inspect
+import json
+import keyword
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from recipe.mrtpo.tasks.base import as_text, to_plain
+from recipe.mrtpo.tasks.tool_json import CALL_OPEN, MAX_CALLS, extract_calls, outside_think
+
+__all__ = [
+    "BFCLEntry", "BFCLEntryError", "BFCLEnv", "StepDecode", "ExecResult", "REFUSED_CLASSES",
+    "FORBIDDEN_NAMES", "parse_entry", "tool_schemas", "held_out_message", "decode_step", "call_string",
+]
+
+#: classes no multi-turn category involves and this loop refuses: WebSearchAPI reaches the network, the
+#: memory backends read and write snapshot files
+REFUSED_CLASSES = frozenset({"WebSearchAPI", "MemoryAPI_kv", "MemoryAPI_vector", "MemoryAPI_rec_sum"})
+#: BFCL's ``execute_multi_turn_func_call`` refuses these names before its ``eval`` (restated: the list is
+#: inline in that function)
+FORBIDDEN_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
+MAX_ENTRY_CHARS = 5_000_000  # a test entry's JSON (long_context entries are the largest, ~100 kB)
+
+
+class BFCLEntryError(ValueError):
+    """The row's BFCL test entry is missing or not of BFCL's shape (a data error)."""
+
+
+@dataclass(frozen=True)
+class BFCLEntry:
+    """One BFCL multi-turn test entry, with its function docs populated by BFCL."""
+
+    id: str
+    turns: tuple  # per user turn, its messages (list of {"role", "content"}); a held-out turn has none
+    initial_config: dict
+    involved_classes: tuple
+    functions: tuple  # the docs offered from the first turn
+    held_out: dict  # turn index -> the docs added at that turn (miss_func)
+
+    @property
+    def category(self) -> str:
+        return self.id.rsplit("_", 1)[0]
+
+    @property
+    def long_context(self) -> bool:
+        """BFCL's ``long_context`` argument of ``_load_scenario`` (``base_handler``)."""
+        return "long_context" in self.category or "composite" in self.category
+
+
+def _populate(raw: dict) -> dict:
+    from bfcl_eval.utils import populate_test_cases_with_predefined_functions
+
+    return populate_test_cases_with_predefined_functions([raw])[0]
+
+
+def parse_entry(value: Any) -> BFCLEntry:
+    """The :class:`BFCLEntry` of ``extra_info["bfcl_entry"]`` (module docstring); BFCLEntryError if malformed."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        if len(value) > MAX_ENTRY_CHARS:
+            raise BFCLEntryError(f"bfcl_entry: JSON longer than {MAX_ENTRY_CHARS} characters")
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise BFCLEntryError(f"bfcl_entry: not JSON ({e})") from None
+    if value is None:
+        raise BFCLEntryError("the row has no extra_info['bfcl_entry'] (a BFCL multi-turn test entry)")
+    raw = copy.deepcopy(to_plain(value))
+    if not isinstance(raw, Mapping):
+        raise BFCLEntryError(f"bfcl_entry: expected an object, got {type(raw).__name__}")
+    for key in ("id", "question", "involved_classes"):
+        if key not in raw:
+            raise BFCLEntryError(f"bfcl_entry: missing {key!r}")
+    if not isinstance(raw["id"], str) or not raw["id"].startswith("multi_turn_"):
+        raise BFCLEntryError(f"bfcl_entry.id: {str(raw['id'])[:80]!r} is not a BFCL multi-turn id (multi_turn_<category>_<n>)")
+    if "function" in raw:
+        raise BFCLEntryError("bfcl_entry: give the question file's entry; its function docs are added here, by BFCL")
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    classes = raw["involved_classes"]
+    if not isinstance(classes, list) or not classes:
+        raise BFCLEntryError("bfcl_entry.involved_classes: expected a non-empty list")
+    for c in classes:
+        if c not in CLASS_FILE_PATH_MAPPING:
+            raise BFCLEntryError(f"bfcl_entry: unknown backend class {c!r}")
+        if c in REFUSED_CLASSES:
+            raise BFCLEntryError(f"bfcl_entry: backend class {c!r} is refused (network or disk state)")
+    turns = raw["question"]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, list) for t in turns):
+        raise BFCLEntryError("bfcl_entry.question: expected a non-empty list of message lists")
+    for t in turns:
+        for m in t:
+            if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise BFCLEntryError("bfcl_entry.question: a message is not {'role': str, 'content': str}")
+    missed = raw.get("missed_function") or {}
+    if not isinstance(missed, Mapping):
+        raise BFCLEntryError("bfcl_entry.missed_function: expected an object (turn -> names)")
+    for k, names in missed.items():
+        if not str(k).isdigit() or not 0 < int(k) < len(turns) or turns[int(k)]:
+            raise BFCLEntryError(f"bfcl_entry.missed_function: turn {k!r} is not a later turn without a message")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BFCLEntryError(f"bfcl_entry.missed_function[{k!r}]: expected a list of names")
+    for i, t in enumerate(turns):
+        if not t and str(i) not in missed:
+            raise BFCLEntryError(f"bfcl_entry.question: turn {i} has no message and holds out no function")
+    missed = {k: list(v) for k, v in missed.items()}  # BFCL's populate rewrites the entry's lists in place
+    try:
+        full = _populate(raw)
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise BFCLEntryError(f"bfcl_entry: BFCL could not add the function docs ({type(e).__name__}: {e})") from None
+    held = {int(k): tuple(docs) for k, docs in (full.get("missed_function") or {}).items()}
+    for k, names in missed.items():
+        if len(held[int(k)]) != len(names):
+            raise BFCLEntryError(f"bfcl_entry.missed_function[{k!r}]: a held-out name has no function doc")
+    return BFCLEntry(
+        id=str(full["id"]),
+        turns=tuple(tuple(dict(m) for m in t) for t in turns),
+        initial_config=dict(full.get("initial_config") or {}),
+        involved_classes=tuple(classes),
+        functions=tuple(full["function"]),
+        held_out=held,
+    )
+
+
+def tool_schemas(docs) -> list[dict]:
+    """BFCL's function docs as the chat template's ``tools=`` (verl's ``{"type": "function", "function": doc}``
+    wrapping; the doc itself is BFCL's, unchanged, as BFCL's Qwen FC handler renders it)."""
+    return [{"type": "function", "function": dict(d)} for d in docs]
+
+
+def held_out_message(docs) -> str:
+    """The user message of a miss_func turn: BFCL's prompting-mode text with the held-out functions.
+
+    BFCL's FC mode adds the functions to ``tools`` and re-renders the whole prompt; under verl's
+    append-only Continuous Token rollout the system block cannot change mid-trajectory, so the docs come in
+    the injected turn, as BFCL's prompting mode injects them
+    (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING``), written as JSON (BFCL writes the list's
+    Python ``str``) in the same wrapping as ``tools=``.
+    """
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+
+    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(
+        functions=json.dumps(tool_schemas(docs), ensure_ascii=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding the model's text
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepDecode:
+    """One step's text read as calls: ``attempted`` (it opened a ``<tool_call>``), the calls
+    (``{"name", "arguments"}``) and their BFCL strings, or the error and its counted reason."""
+
+    attempted: bool
+    calls: tuple = ()
+    strings: tuple = ()
+    error: Optional[str] = None
+    reason: Optional[str] = None
+
+
+def _identifier(s: Any) -> bool:
+    return isinstance(s, str) and s.isidentifier() and not keyword.iskeyword(s)
+
+
+def call_string(name: str, arguments: Mapping) -> str:
+    """BFCL's ``convert_to_function_call`` for one call: ``f"{name}({','.join(f'{k}={repr(v)}' ...)})"``."""
+    return f"{name}({','.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+
+def decode_step(text: Any, max_calls: int) -> StepDecode:
+    """The step's calls (module docstring, Decoding). Never raises."""
+    text = as_text(text)
+    opened = outside_think(text).count(CALL_OPEN)
+    if opened == 0:
+        return StepDecode(attempted=False)
+    if opened > min(max_calls, MAX_CALLS):
+        return StepDecode(True, error=f"{opened} tool calls in one step, more than {min(max_calls, MAX_CALLS)}",
+                          reason="too_many_calls")
+    calls = extract_calls(text)
+    if len(calls) < opened:
+        return StepDecode(True, error=f"{opened - len(calls)} of {opened} <tool_call> blocks are not a JSON object "
+                                      "with a string name and an arguments object", reason="malformed_call")
+    for c in calls:
+        if not _identifier(c["name"]):
+            return StepDecode(True, error=f"function name {c['name'][:60]!r} is not a Python identifier",
+                              reason="bad_function_name")
+        bad = [k for k in c["arguments"] if not _identifier(k)]
+        if bad:
+            return StepDecode(True, error=f"argument name {bad[0][:60]!r} of {c['name']} is not a Python identifier",
+                              reason="bad_argument_name")
+    return StepDecode(True, calls=tuple(calls), strings=tuple(call_string(c["name"], c["arguments"]) for c in calls))
+
+
+# --------------------------------------------------------------------------------------------------
+# The backends of one trajectory
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A call's result text (BFCL's string) and, when it failed, the counted reason."""
+
+    text: str
+    reason: Optional[str] = None
+
+
+def _bfcl_result_text(value: Any) -> str:
+    """BFCL's conversion of a call's return value (``execute_multi_turn_func_call``)."""
+    if type(value) is str:
+        return value
+    if type(value) is dict:
+        try:
+            return json.dumps(value)
+        except Exception:  # noqa: BLE001 (BFCL: a bare except, falling back to str)
+            return str(value)
+    return str(value)
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise TimeoutError inside a runaway call's thread (best effort: it lands at the next bytecode)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TimeoutError))
+
+
+class BFCLEnv:
+    """The backend instances of one trajectory (module docstring, Backends and Execution)."""
+
+    def __init__(self, entry: BFCLEntry):
+        from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
+        self.entry = entry
+        self.instances: dict[str, Any] = {}
+        self.methods: dict[str, Any] = {}
+        self.poisoned = False
+        for class_name in entry.involved_classes:
+            instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)()
+            if class_name not in STATELESS_CLASSES:
+                instance._load_scenario(copy.deepcopy(entry.initial_config.get(class_name, {})),
+                                        long_context=entry.long_context)
+            self.instances[class_name] = instance
+            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+                if not name.startswith("_"):
+                    self.methods[name] = method  # a later class overrides, as BFCL's name mapping does
+
+    def execute(self, name: str, arguments: Mapping, timeout_s: float) -> ExecResult:
+        """Run one decoded call (module docstring, Execution). Never raises."""
+        if self.poisoned:
+            return ExecResult("Error during execution: the environment stopped after a call timed out", "env_poisoned")
+        if name in FORBIDDEN_NAMES:
+            return ExecResult(f"Error during execution: Function call {name} is not allowed.", "forbidden_function")
+        method = self.methods.get(name)
+        if method is None:  # BFCL's eval of an unprefixed unknown name raises NameError
+            return ExecResult(f"Error during execution: name '{name}' is not defined", "unknown_function")
+        box: dict[str, Any] = {}
+
+        def target():
+            try:
+                box["text"] = _bfcl_result_text(method(**dict(arguments)))
+            except BaseException as e:  # noqa: BLE001 (any failure of the backend is the model's error message)
+                box["error"] = e
+
+        thread = threading.Thread(target=target, name=f"bfcl-call-{name}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            _interrupt(thread)
+            self.poisoned = True
+            return ExecResult(f"Error during execution: the call did not finish within {timeout_s:g} s", "call_timeout")
+        if "error" in box:
+            e = box["error"]
+            try:
+                msg = str(e)
+            except Exception:  # noqa: BLE001 (an exception whose __str__ fails)
+                msg = type(e).__name__
+            return ExecResult(f"Error during execution: {msg}", "call_raised")
+        return ExecResult(box.get("text", ""))
+
+    def state(self) -> dict[str, dict]:
+        """Each stateful instance's public attributes (what BFCL's state checker compares)."""
+        from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
+
+        return {c: {k: v for k, v in vars(i).items() if not k.startswith("_")}
+                for c, i in self.instances.items() if c not in STATELESS_CLASSES}

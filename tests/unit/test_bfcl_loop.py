@@ -1,0 +1,434 @@
+"""The BFCL multi-turn agent loop (``recipe/mrtpo/agent/bfcl_loop.py``), driven without Ray or a GPU.
+
+A scripted server manager stands in for verl's (its ``generate`` returns the token ids of prepared texts,
+honouring ``max_tokens`` as vLLM does); the loop is verl's agent-loop class built as verl's worker builds
+it, over the real Qwen2 tokenizer with a template that renders ``tools=`` (a Qwen2.5-style tools block,
+written here) and verl's own Qwen Continuous Token builder. Checked against BFCL itself:
+
+- gold trajectories (BFCL's gold calls written as the model would write them, one step per turn, then a
+  plain answer) leave the backends in the state BFCL's own ``execute_multi_turn_func_call`` leaves them in
+  (BFCL's ``state_checker``), and every tool output is BFCL's execution result of that call;
+- the response mask is 1 exactly on the tokens the server generated, the spans tile the response, the
+  injected user turns and miss_func's held-out functions appear at their turn, and not before;
+- a hostile corpus (malformed JSON, unknown function, wrong types, a call that raises, a huge output,
+  an endless stream of calls, a very long text, a call that never returns, an injection through an
+  argument name, a slow server) ends with no exception, within its bounds, with the reason counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+bfcl_eval = pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by run_scripts/setup.sh")
+
+from recipe.mrtpo.agent import bfcl_env  # noqa: E402
+from recipe.mrtpo.agent.bfcl_env import BFCLEntryError, BFCLEnv, decode_step, parse_entry  # noqa: E402
+
+DATA = Path(bfcl_eval.__file__).parent / "data"
+TOOLS_BLOCK = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags.<|im_end|>\\n' }}{%- endif %}"
+)
+
+
+def load(category: str, ids: list[int]) -> list[tuple[dict, list]]:
+    """(question-file entry, gold answer) of shipped BFCL items."""
+    q = {json.loads(x)["id"]: json.loads(x) for x in (DATA / f"BFCL_v4_multi_turn_{category}.json").open()}
+    a = {json.loads(x)["id"]: json.loads(x) for x in (DATA / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json").open()}
+    return [(q[f"multi_turn_{category}_{i}"], a[f"multi_turn_{category}_{i}"]["ground_truth"]) for i in ids]
+
+
+ITEMS = load("base", [0, 7, 55]) + load("miss_func", [0, 12]) + load("long_context", [3]) + load("miss_param", [4])
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from recipe.mrtpo.cpu.tiny_model import CHATML_TEMPLATE, build_qwen2_tokenizer
+
+    t = AutoTokenizer.from_pretrained(build_qwen2_tokenizer(tmp_path_factory.mktemp("tok")))
+    t.chat_template = TOOLS_BLOCK + CHATML_TEMPLATE
+    return t
+
+
+class ScriptedServer:
+    """verl's server manager, scripted: each ``generate`` returns the next text's ids (+ <|im_end|>),
+    cut at ``max_tokens`` as vLLM cuts (then without <|im_end|>); a callable script sees the call index."""
+
+    def __init__(self, tok, script, delay_s: float = 0.0):
+        self.tok, self.script, self.delay_s, self.calls, self.prompts = tok, script, delay_s, 0, []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        text = self.script(self.calls) if callable(self.script) else self.script[self.calls]
+        self.calls += 1
+        self.prompts.append(list(prompt_ids))
+        ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        return TokenOutput(token_ids=ids[: sampling_params["max_tokens"]])
+
+
+def make_loop(tok, server, response_length=16384, max_tool_response_length=100_000, max_assistant_turns=None, **knobs):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from recipe.mrtpo.agent.bfcl_loop import BFCLMultiTurnAgentLoop
+
+    cfg = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {
+            "prompt_length": 32768, "response_length": response_length, "full_determinism": False,
+            "multi_turn": {"max_assistant_turns": max_assistant_turns, "max_tool_response_length": max_tool_response_length,
+                           "tool_response_truncate_side": "middle"}}},
+        "data": {"apply_chat_template_kwargs": {}},
+    })
+    loop = BFCLMultiTurnAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=tok,
+                                  processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data),
+                                  hf_model_type="qwen2", tools=None, name="bfcl_multi_turn", **knobs)
+    loop.envs = []
+    make = loop.make_env
+    loop.make_env = lambda entry: loop.envs.append(make(entry)) or loop.envs[-1]
+    return loop
+
+
+def run_loop(tok, entry, script, **kw):
+    async def go():
+        server = ScriptedServer(tok, script, delay_s=kw.pop("delay_s", 0.0))
+        loop = make_loop(tok, server, **kw)
+        out = await loop.run({"temperature": 1.0}, raw_prompt=entry["question"][0], extra_info={"bfcl_entry": json.dumps(entry)})
+        return out, loop, server
+
+    return asyncio.run(go())
+
+
+def gold_calls_as_model(entry: dict, calls: list[str]) -> str:
+    """BFCL gold call strings written as the model writes calls (Qwen's <tool_call> JSON); positional
+    arguments named by the backend method's signature."""
+    env = BFCLEnv(parse_entry(entry))
+    blocks = []
+    for c in calls:
+        node = ast.parse(c, mode="eval").body
+        name = node.func.id
+        args = [ast.literal_eval(a) for a in node.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+        bound = inspect.signature(env.methods[name]).bind(*args, **kwargs)
+        blocks.append("<tool_call>\n" + json.dumps({"name": name, "arguments": dict(bound.arguments)}) + "\n</tool_call>")
+    return "\n".join(blocks)
+
+
+def gold_script(entry: dict, gold: list) -> list[str]:
+    texts = []
+    for turn in gold:
+        if turn:
+            texts.append(gold_calls_as_model(entry, turn))
+        texts.append("Done.")
+    return texts
+
+
+def check_tiling(out):
+    spans = out.extra_fields["bfcl_spans"]
+    assert spans[0][1] == 0 and spans[-1][2] == len(out.response_ids) == len(out.response_mask)
+    for a, b in zip(spans, spans[1:]):
+        assert a[2] == b[1]
+    for kind, s, e, *_ in spans:
+        assert set(out.response_mask[s:e]) == ({1} if kind == "model" else {0}), kind
+
+
+# --------------------------------------------------------------------------------------------------
+# Gold trajectories against BFCL's own execution
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry,gold", ITEMS, ids=[e["id"] for e, _ in ITEMS])
+def test_gold_trajectory_reaches_bfcls_state_and_outputs(tok, entry, gold):
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import state_checker
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    from recipe.mrtpo.tasks.multi_turn.trajectory import parse_trajectory
+
+    script = gold_script(entry, gold)
+    out, loop, server = run_loop(tok, entry, script)
+    info = out.extra_fields["bfcl_loop"]
+    assert info["end"] == "completed" and info["reasons"] == {} and server.calls == len(script)
+    record = parse_trajectory(out.extra_fields["bfcl_trajectory"])
+    assert len(record.turns) == len(gold)
+
+    # BFCL's own execution of the gold answer, turn by turn, on its globals-keyed instances (a fresh key)
+    model = f"mrtpo_test_{uuid.uuid4().hex}"
+    long_context = "long_context" in entry["id"]
+    bfcl_outputs = []
+    for turn in gold:
+        res, bfcl_instances = execute_multi_turn_func_call(turn, entry["initial_config"], entry["involved_classes"],
+                                                           model, entry["id"], long_context=long_context)
+        bfcl_outputs.append(res)
+    ours = loop.envs[0].instances
+    assert state_checker(ours, bfcl_instances) == {"valid": True}
+    # the loop's decoded calls, executed by BFCL on fresh instances, reach the same state too
+    model2 = f"mrtpo_test_{uuid.uuid4().hex}"
+    for turn_calls in record.decoded():
+        flat = [c for step in turn_calls for c in step]
+        _, again = execute_multi_turn_func_call(flat, entry["initial_config"], entry["involved_classes"], model2,
+                                                entry["id"], long_context=long_context)
+    assert state_checker(again, bfcl_instances) == {"valid": True}
+    # every tool output is BFCL's execution result of that call, in order
+    spans = out.extra_fields["bfcl_spans"]
+    tool_text = {(t, s): tok.decode(out.response_ids[a:b]) for k, a, b, t, s in spans if k == "tool"}
+    for t, res in enumerate(bfcl_outputs):
+        if not res:
+            assert not any(tt == t for tt, _ in tool_text)
+            continue
+        text = tool_text[(t, 0)]
+        pos = 0
+        for r in res:
+            block = f"<tool_response>\n{r}\n</tool_response>"
+            at = text.find(block, pos)
+            assert at >= 0, (t, r[:80])
+            pos = at + len(block)
+    check_tiling(out)
+
+
+def test_masks_are_one_exactly_on_generated_tokens_and_turns_arrive_in_order(tok):
+    entry, gold = load("miss_func", [0])[0]
+    script = gold_script(entry, gold)
+    out, loop, server = run_loop(tok, entry, script)
+    check_tiling(out)
+    spans = out.extra_fields["bfcl_spans"]
+    model = [tok.decode(out.response_ids[a:b]) for k, a, b, *_ in spans if k == "model"]
+    assert model == [t + "<|im_end|>" for t in script]  # exactly the generated tokens, in order
+    assert sum(out.response_mask) == sum(len(tok.encode(t + "<|im_end|>", add_special_tokens=False)) for t in script)
+    users = [(t, tok.decode(out.response_ids[a:b])) for k, a, b, t, _ in spans if k == "user"]
+    assert [t for t, _ in users] == [1, 2, 3, 4]
+    for t, text in users:
+        if entry["question"][t]:
+            assert entry["question"][t][0]["content"] in text
+        else:  # turn 3 holds out `sort`: BFCL's message and the function doc arrive there
+            assert "I have updated some more functions you can choose from. What about now?" in text
+            assert '"name": "sort"' in text
+    prompt = tok.decode(out.prompt_ids)
+    assert '"name": "mv"' in prompt and '"name": "sort"' not in prompt  # offered from the start vs held out
+    assert not any('"name": "sort"' in text for t, text in users if t < 3)
+    # the server saw, at each step, exactly the prompt + response so far
+    starts = [a for k, a, *_ in spans if k == "model"]
+    for prompt_ids, a in zip(server.prompts, starts):
+        assert prompt_ids == list(out.prompt_ids) + list(out.response_ids[:a])
+    # verl's batch conversion takes the output
+    d = out.as_dict()
+    assert d["responses"].shape == d["response_mask"].shape
+
+
+def test_the_record_per_turn_and_step(tok):
+    entry, _ = load("base", [0])[0]
+    script = ['<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>',
+              "<think>\nlooked\n</think>\nThe folder holds the files.", "Nothing to do."]
+    script += ["OK."] * (len(entry["question"]) - 2)
+    out, *_ = run_loop(tok, entry, script)
+    rec = out.extra_fields["bfcl_trajectory"]
+    assert rec["turns"][0]["steps"] == [{"text": script[0], "calls": ["ls()"], "error": None},
+                                        {"text": script[1], "calls": [], "error": None}]
+    assert rec["turns"][1]["steps"] == [{"text": "Nothing to do.", "calls": [], "error": None}]
+    assert len(rec["turns"]) == len(entry["question"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding and the environment
+# --------------------------------------------------------------------------------------------------
+
+
+def test_decode_step_writes_bfcls_call_strings():
+    d = decode_step('<tool_call>\n{"name": "mv", "arguments": {"source": "a b.txt", "destination": "x"}}\n</tool_call>'
+                    '<tool_call>{"name": "mean", "arguments": {"numbers": [1, 2.5, true, null], "o": {"k": "v"}}}</tool_call>', 8)
+    # BFCL's convert_to_function_call: f"{key}({','.join([f'{k}={repr(v)}' for k, v in value.items()])})"
+    assert d.strings == ("mv(source='a b.txt',destination='x')", "mean(numbers=[1, 2.5, True, None],o={'k': 'v'})")
+    assert [ast.literal_eval(ast.parse(s, mode="eval").body.keywords[0].value) for s in d.strings] == ["a b.txt", [1, 2.5, True, None]]
+    assert decode_step("No call needed.", 8) == bfcl_env.StepDecode(attempted=False)
+    assert decode_step("<think>I could <tool_call> here</think>\nAnswer.", 8).attempted is False
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("<tool_call>\n{not json\n</tool_call>", "malformed_call"),
+    ('<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>[1, 2]</tool_call>', "malformed_call"),
+    ('<tool_call>{"name": "ls", "arguments": "nope"}</tool_call>', "malformed_call"),
+    ('<tool_call>{"name": "os.system", "arguments": {}}</tool_call>', "bad_function_name"),
+    ('<tool_call>{"name": "ls", "arguments": {"a=__import__(\'os\').system(\'true\'),b": 1}}</tool_call>', "bad_argument_name"),
+    ('<tool_call>{"name": "ls", "arguments": {"class": 1}}</tool_call>', "bad_argument_name"),
+    ('<tool_call>{"name": "ls", "arguments": {}}</tool_call>' * 9, "too_many_calls"),
+])
+def test_decode_step_refuses_what_is_not_a_call(text, reason):
+    d = decode_step(text, 8)
+    assert d.attempted and d.reason == reason and d.calls == () and d.error
+
+
+def test_decode_step_survives_the_hostile_tool_corpus():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mrtpo_hostile_tool_corpus", Path(__file__).resolve().parents[1] / "hostile" / "tool_corpus.py")
+    corpus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpus)
+    texts = corpus.tool_corpus()
+    assert len(texts) >= 200
+    t0 = time.monotonic()
+    for text in texts:
+        d = decode_step(text, 32)
+        assert (d.error is None) == (d.reason is None) and (not d.error or not d.calls)
+        for s, c in zip(d.strings, d.calls):  # every string is a plain call of literals
+            node = ast.parse(s, mode="eval").body
+            assert isinstance(node, ast.Call) and node.func.id == c["name"] and not node.args
+            [ast.literal_eval(k.value) for k in node.keywords]
+    assert time.monotonic() - t0 < 60
+
+
+def test_each_trajectory_has_its_own_backends():
+    entry, _ = load("base", [0])[0]
+    a, b = BFCLEnv(parse_entry(entry)), BFCLEnv(parse_entry(entry))
+    assert a.execute("mkdir", {"dir_name": "only_in_a"}, 5).reason is None
+    assert "only_in_a" in a.execute("ls", {}, 5).text and "only_in_a" not in b.execute("ls", {}, 5).text
+    c = BFCLEnv(parse_entry(entry))  # and nothing leaked into a later one of the same id
+    assert "only_in_a" not in c.execute("ls", {}, 5).text
+
+
+def test_environment_errors_are_bfcls_messages():
+    entry, _ = load("base", [0])[0]
+    env = BFCLEnv(parse_entry(entry))
+    assert env.execute("nope", {}, 5) == bfcl_env.ExecResult("Error during execution: name 'nope' is not defined", "unknown_function")
+    assert env.execute("kill", {}, 5).text == "Error during execution: Function call kill is not allowed."
+    r = env.execute("cd", {"folder": "a", "extra": 1}, 5)
+    assert r.reason == "call_raised" and r.text.startswith("Error during execution: ") and "extra" in r.text
+
+
+@pytest.mark.parametrize("bad,match", [
+    (None, "no extra_info"), ("{", "not JSON"), ({"id": "x"}, "missing 'question'"), ([1], "expected an object"),
+    ({"id": "simple_1", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["MathAPI"]}, "not a BFCL multi-turn"),
+    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["WebSearchAPI"]}, "refused"),
+    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["Nope"]}, "unknown backend"),
+    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}], []], "involved_classes": ["MathAPI"]}, "holds out no"),
+    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}], []], "involved_classes": ["MathAPI"],
+      "missed_function": {"1": ["no_such_function"]}}, "no function doc"),
+])
+def test_malformed_entries_are_data_errors(bad, match):
+    with pytest.raises(BFCLEntryError, match=match):
+        parse_entry(bad)
+
+
+def test_knobs_are_typed_and_checked(tok):
+    with pytest.raises(TypeError, match="unknown knob"):
+        make_loop(tok, None, max_step_per_turn=3)
+    for bad in ({"max_steps_per_turn": 0}, {"max_calls_per_step": 65}, {"call_timeout_s": 0},
+                {"on_decode_error": "ignore"}, {"max_step_tokens": 0}):
+        with pytest.raises(ValueError):
+            make_loop(tok, None, **bad)
+    import yaml
+
+    from recipe.mrtpo.agent.bfcl_loop import BFCLLoopConfig
+
+    (spec,) = yaml.safe_load((Path(__file__).parents[2] / "recipe/mrtpo/config/bfcl_agent_loop.yaml").read_text())
+    assert spec.pop("name") == "bfcl_multi_turn"
+    assert spec.pop("_target_") == "recipe.mrtpo.agent.bfcl_loop.BFCLMultiTurnAgentLoop"
+    assert BFCLLoopConfig(**spec) == BFCLLoopConfig()  # the YAML documents the defaults
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert _agent_loop_registry["bfcl_multi_turn"]["_target_"] == "recipe.mrtpo.agent.bfcl_loop.BFCLMultiTurnAgentLoop"
+
+
+def test_a_template_that_ignores_tools_is_refused(tok):
+    import copy
+
+    bare = copy.deepcopy(tok)
+    bare.chat_template = tok.chat_template[len(TOOLS_BLOCK):]
+    entry, _ = load("base", [0])[0]
+    with pytest.raises(ValueError, match="renders nothing for tools"):
+        run_loop(bare, entry, ["Done."] * 10)
+
+
+# --------------------------------------------------------------------------------------------------
+# The hostile corpus
+# --------------------------------------------------------------------------------------------------
+
+
+def call(name, **arguments):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+HOSTILE = {
+    # name: (script of the first turn, then "Done." forever; loop knobs; expected reasons; end)
+    "malformed_json": (["<tool_call>\n{\"name\": \"ls\", \"arguments\": {\n</tool_call>"], {}, {"malformed_call": 1}, "completed"),
+    "unknown_function": ([call("format_disk", drive="C")], {}, {"unknown_function": 1}, "completed"),
+    "wrong_types": ([call("cd", folder=["document"]), call("mkdir", dir_name={"a": 1})], {}, {"call_raised": 2}, "completed"),
+    "raises_inside": ([call("cd", folder="a", nope=1)], {}, {"call_raised": 1}, "completed"),
+    "huge_output": ([call("echo", content="x" * 30000)], {"max_tool_response_length": 500},
+                    {"tool_output_truncated": 1}, "completed"),
+    "injection_by_argument_name": ([call("ls", **{"a=__import__('os').system('true'),b": 1})], {},
+                                   {"bad_argument_name": 1}, "completed"),
+    "too_many_calls": (["".join(call("ls") for _ in range(40))], {}, {"too_many_calls": 1}, "completed"),
+    "decode_error_ends_turn": (["<tool_call>{broken</tool_call>"], {"on_decode_error": "end_turn"},
+                               {"malformed_call": 1}, "completed"),
+    "endless_calls": (lambda i: call("ls"), {"max_steps_per_turn": 5}, {"step_limit": 1}, "step_limit"),
+    "endless_calls_total": (lambda i: call("pwd"), {"max_assistant_turns": 7}, {"total_step_limit": 1},
+                            "total_step_limit"),
+    "very_long_text": (["word " * 60000], {"response_length": 4096}, {"response_length": 1}, "response_length"),
+    "long_step_text": (lambda i: "spam " * 5000 if i == 0 else "Done.", {"max_step_tokens": 256}, {}, "completed"),
+    "never_returns": ([call("spin")], {"call_timeout_s": 0.5}, {"call_timeout": 1}, "call_timeout"),
+    "slow_server": (lambda i: call("ls"), {"trajectory_timeout_s": 0.6, "delay_s": 0.1}, {"trajectory_timeout": 1},
+                    "trajectory_timeout"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monkeypatch):
+    first, knobs, reasons, end = HOSTILE[name]
+    knobs = dict(knobs)
+    entry, _ = load("base", [0])[0]
+    if name == "never_returns":  # a backend call that never returns: a method that spins, on the instance
+        real_init = BFCLEnv.__init__
+
+        def init(self, e):
+            real_init(self, e)
+
+            def spin():
+                while True:
+                    pass
+
+            self.methods["spin"] = spin
+
+        monkeypatch.setattr(BFCLEnv, "__init__", init)
+    script = first if callable(first) else (lambda i: first[i] if i < len(first) else "Done.")
+    t0 = time.monotonic()
+    out, loop, server = run_loop(tok, entry, script, **knobs)
+    elapsed = time.monotonic() - t0
+    info = out.extra_fields["bfcl_loop"]
+    assert info["end"] == end and info["reasons"] == reasons, info
+    assert elapsed < 60
+    check_tiling(out)
+    assert len(out.response_ids) <= loop.response_length
+    rec = out.extra_fields["bfcl_trajectory"]
+    steps = [s for t in rec["turns"] for s in t["steps"]]
+    assert len(steps) == server.calls == info["steps"]
+    if end == "step_limit":
+        assert info["force_quit"] and len(rec["turns"][0]["steps"]) == loop.loop_config.max_steps_per_turn + 1
+    if end == "total_step_limit":
+        assert info["steps"] == loop.max_assistant_turns == 7
+    if name == "huge_output":
+        tool = [tok.decode(out.response_ids[a:b]) for k, a, b, *_ in out.extra_fields["bfcl_spans"] if k == "tool"][0]
+        assert "...(truncated)..." in tool and len(tool) < 1000
+    if name in ("malformed_json", "injection_by_argument_name"):  # feedback: the error reached the model
+        assert steps[0]["error"] and steps[1]["text"] == "Done."
+        tool = [tok.decode(out.response_ids[a:b]) for k, a, b, *_ in out.extra_fields["bfcl_spans"] if k == "tool"][0]
+        assert "could not be decoded" in tool
+    if name == "decode_error_ends_turn":  # BFCL's protocol: the next thing is the next user turn
+        assert [k for k, *_ in out.extra_fields["bfcl_spans"]][:3] == ["model", "user", "model"]
+    if name == "long_step_text":
+        first_span = out.extra_fields["bfcl_spans"][0]
+        assert first_span[2] - first_span[1] == 256
+    if name == "never_returns":
+        assert "did not finish within 0.5 s" in tok.decode(out.response_ids)
