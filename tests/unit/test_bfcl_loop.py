@@ -453,3 +453,23 @@ def test_the_bfcl_sources_followed_are_the_pinned_ones():
     from recipe.mrtpo.agent.bfcl_loop import BFCLLoopConfig
 
     assert BFCLLoopConfig().max_steps_per_turn == MAXIMUM_STEP_LIMIT == 20
+
+
+def test_the_replay_renders_p_all_as_the_loop_rendered_its_prompt(tok):
+    from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, tools_of_row
+    from recipe.mrtpo.rollout_render import BFCL_AGENT, RolloutRender
+
+    assert BFCL_AGENT == AGENT_NAME
+    cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"model": {}, "rollout": {
+        "agent": {"default_agent_loop": "single_turn_agent",
+                  "agent_loop_config_path": "recipe/mrtpo/config/bfcl_agent_loop.yaml"}, "multi_turn": {}}}})
+    rr = RolloutRender(cfg)
+    assert rr.has_tools
+    for entry, gold in (load("miss_func", [0])[0], load("base", [7])[0]):
+        extra_info = {"bfcl_entry": json.dumps(entry)}
+        out, *_ = run_loop(tok, entry, gold_script(entry, gold))
+        tools = rr.tools_of(AGENT_NAME, extra_info)
+        assert tools == tools_of_row(extra_info) == tools_of_row({"bfcl_entry": entry})
+        assert rr.render_ids(tok, entry["question"][0], tools) == list(out.prompt_ids)  # P_all = the rollout prompt
+        assert rr.tools_of("single_turn_agent", extra_info) is None
+    assert not RolloutRender(OmegaConf.create({"actor_rollout_ref": {"rollout": {"agent": {}, "multi_turn": {}}}})).has_tools

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import importlib
 import inspect
 import json
@@ -58,10 +59,12 @@ from recipe.mrtpo.tasks.base import as_text, to_plain
 from recipe.mrtpo.tasks.tool_json import CALL_OPEN, MAX_CALLS, extract_calls, outside_think
 
 __all__ = [
-    "BFCLEntry", "BFCLEntryError", "BFCLEnv", "StepDecode", "ExecResult", "REFUSED_CLASSES",
+    "AGENT_NAME", "tools_of_row", "BFCLEntry", "BFCLEntryError", "BFCLEnv", "StepDecode", "ExecResult", "REFUSED_CLASSES",
     "FORBIDDEN_NAMES", "BFCL_SOURCES", "bfcl_source", "changed_bfcl_sources", "parse_entry", "tool_schemas", "held_out_message", "decode_step", "call_string",
 ]
 
+#: the agent-loop name rows choose the BFCL loop with (``agent_name``; registered by :mod:`.bfcl_loop`)
+AGENT_NAME = "bfcl_multi_turn"
 #: classes no multi-turn category involves and this loop refuses: WebSearchAPI reaches the network, the
 #: memory backends read and write snapshot files
 REFUSED_CLASSES = frozenset({"WebSearchAPI", "MemoryAPI_kv", "MemoryAPI_vector", "MemoryAPI_rec_sum"})
@@ -215,6 +218,20 @@ def tool_schemas(docs) -> list[dict]:
     """BFCL's function docs as the chat template's ``tools=`` (verl's ``{"type": "function", "function": doc}``
     wrapping; the doc itself is BFCL's, unchanged, as BFCL's Qwen FC handler renders it)."""
     return [{"type": "function", "function": dict(d)} for d in docs]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tools_of_json(entry_json: str) -> str:
+    return json.dumps(tool_schemas(parse_entry(entry_json).functions))
+
+
+def tools_of_row(extra_info: Any) -> list[dict]:
+    """The ``tools=`` the loop renders a row's prompt with (the replay renders P_all with the same)."""
+    value = extra_info.get("bfcl_entry") if isinstance(extra_info, Mapping) else None
+    if isinstance(value, (str, bytes, bytearray)):
+        text = bytes(value).decode("utf-8", errors="replace") if not isinstance(value, str) else value
+        return json.loads(_tools_of_json(text))  # a fresh copy: callers may not mutate the cache
+    return tool_schemas(parse_entry(value).functions)
 
 
 def held_out_message(docs) -> str:

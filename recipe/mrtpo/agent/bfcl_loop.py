@@ -57,13 +57,12 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 from verl.utils.profiler import simple_timer
 
-from recipe.mrtpo.agent.bfcl_env import BFCLEnv, decode_step, held_out_message, parse_entry, tool_schemas
+from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, held_out_message, parse_entry, tool_schemas
 from recipe.mrtpo.tasks.multi_turn.trajectory import Step, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-AGENT_NAME = "bfcl_multi_turn"
 ON_DECODE_ERROR = ("feedback", "end_turn")
 TRUNCATE_SIDES = ("left", "right", "middle")  # verl's multi_turn.tool_response_truncate_side values
 
