@@ -63,6 +63,17 @@ def tok(tmp_path_factory):
     return t
 
 
+class LogprobServer:
+    """A scripted server that also returns log-probs (-(1 + position) per generated token)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        out = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        return out.model_copy(update={"log_probs": [-(1.0 + i) for i in range(len(out.token_ids))]})
+
+
 class ScriptedServer:
     """verl's server manager, scripted: each ``generate`` returns the next text's ids (+ <|im_end|>),
     cut at ``max_tokens`` as vLLM cuts (then without <|im_end|>); a callable script sees the call index."""
@@ -431,7 +442,13 @@ def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monke
         first_span = out.extra_fields["bfcl_spans"][0]
         assert first_span[2] - first_span[1] == 256
     if name == "never_returns":
+        import threading
+
         assert "did not finish within 0.5 s" in tok.decode(out.response_ids)
+        deadline = time.monotonic() + 5  # the runaway call's thread was interrupted, not left spinning
+        while any(t.name == "bfcl-call-spin" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(t.name == "bfcl-call-spin" for t in threading.enumerate())
 
 
 def test_the_bfcl_sources_followed_are_the_pinned_ones():
@@ -473,3 +490,18 @@ def test_the_replay_renders_p_all_as_the_loop_rendered_its_prompt(tok):
         assert rr.render_ids(tok, entry["question"][0], tools) == list(out.prompt_ids)  # P_all = the rollout prompt
         assert rr.tools_of("single_turn_agent", extra_info) is None
     assert not RolloutRender(OmegaConf.create({"actor_rollout_ref": {"rollout": {"agent": {}, "multi_turn": {}}}})).has_tools
+
+
+def test_rollout_log_probs_are_aligned_with_the_mask(tok):
+    entry, gold = load("base", [7])[0]
+    script = gold_script(entry, gold)
+
+    async def go():
+        loop = make_loop(tok, LogprobServer(ScriptedServer(tok, script)))
+        return await loop.run({}, raw_prompt=entry["question"][0], extra_info={"bfcl_entry": json.dumps(entry)})
+
+    out = asyncio.run(go())
+    assert len(out.response_logprobs) == len(out.response_mask)
+    for kind, a, b, *_ in out.extra_fields["bfcl_spans"]:
+        want = [-(1.0 + i) for i in range(b - a)] if kind == "model" else [0.0] * (b - a)
+        assert out.response_logprobs[a:b] == want, kind
