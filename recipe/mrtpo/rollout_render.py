@@ -10,8 +10,8 @@ tokenizer, messages, tokenize=True, add_generation_prompt=True, tools=tools, **d
   (``verl.tools.tool_registry.load_all_tools``), filtered by the row's ``extra_info.tool_selection`` when it has
   one, in the selection's order (``ToolAgentLoop.run``);
 - for a row run by the BFCL multi-turn loop (``agent_name`` ``bfcl_multi_turn``,
-  :mod:`recipe.mrtpo.agent.bfcl_loop`): its BFCL entry's function docs
-  (:func:`recipe.mrtpo.agent.bfcl_env.tools_of_row`, from ``extra_info["bfcl_entry"]``);
+  :mod:`recipe.mrtpo.agent.bfcl_loop`): the row's own function specs, ``extra_info["tools"]``
+  (:func:`recipe.mrtpo.agent.bfcl_env.tools_of_row`);
 - for any other row (the single-turn loop): none.
 
 and ``actor_rollout_ref.model.custom_chat_template`` replaces the tokenizer's template when set. The replay's

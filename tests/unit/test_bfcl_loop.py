@@ -49,6 +49,28 @@ def load(category: str, ids: list[int]) -> list[tuple[dict, list]]:
     return [(q[f"multi_turn_{category}_{i}"], a[f"multi_turn_{category}_{i}"]["ground_truth"]) for i in ids]
 
 
+def row_of(entry: dict) -> tuple[list, dict]:
+    """(raw_prompt, extra_info) of a BFCL question as the row contract states it (``bfcl_env``'s docstring;
+    ``data_prep.multi_turn`` writes it): BFCL's own populate adds the docs and moves the held-out ones to their
+    turn; a held-out turn holds BFCL's FC message."""
+    import copy
+
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+    from bfcl_eval.utils import populate_test_cases_with_predefined_functions
+
+    full = populate_test_cases_with_predefined_functions([copy.deepcopy(entry)])[0]
+
+    def wrap(docs):
+        return [{"type": "function", "function": d} for d in docs]
+
+    turns = [m or [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}] for m in entry["question"]]
+    extra_info = {"id": entry["id"], "involved_classes": entry["involved_classes"],
+                  "initial_config": json.dumps(entry["initial_config"]), "tools": json.dumps(wrap(full["function"])),
+                  "missed_function": json.dumps({t: wrap(d) for t, d in full.get("missed_function", {}).items()}),
+                  "user_turns": json.dumps(turns)}
+    return [{"role": "system", "content": "You are a helpful assistant."}, *turns[0]], extra_info
+
+
 ITEMS = load("base", [0, 7, 55]) + load("miss_func", [0, 12]) + load("long_context", [3]) + load("miss_param", [4])
 
 
@@ -118,7 +140,8 @@ def run_loop(tok, entry, script, **kw):
     async def go():
         server = ScriptedServer(tok, script, delay_s=kw.pop("delay_s", 0.0))
         loop = make_loop(tok, server, **kw)
-        out = await loop.run({"temperature": 1.0}, raw_prompt=entry["question"][0], extra_info={"bfcl_entry": json.dumps(entry)})
+        raw_prompt, extra_info = row_of(entry)
+        out = await loop.run({"temperature": 1.0}, raw_prompt=raw_prompt, extra_info=extra_info)
         return out, loop, server
 
     return asyncio.run(go())
@@ -127,7 +150,7 @@ def run_loop(tok, entry, script, **kw):
 def gold_calls_as_model(entry: dict, calls: list[str]) -> str:
     """BFCL gold call strings written as the model writes calls (Qwen's <tool_call> JSON); positional
     arguments named by the backend method's signature."""
-    env = BFCLEnv(parse_entry(entry))
+    env = BFCLEnv(parse_entry(row_of(entry)[1]))
     blocks = []
     for c in calls:
         node = ast.parse(c, mode="eval").body
@@ -224,9 +247,9 @@ def test_masks_are_one_exactly_on_generated_tokens_and_turns_arrive_in_order(tok
     for t, text in users:
         if entry["question"][t]:
             assert entry["question"][t][0]["content"] in text
-        else:  # turn 3 holds out `sort`: BFCL's message and the function doc arrive there
+        else:  # turn 3 holds out `sort`: its spec, then BFCL's message, arrive there
             assert "I have updated some more functions you can choose from. What about now?" in text
-            assert '"name": "sort"' in text
+            assert '"name": "sort"' in text and text.index('"name": "sort"') < text.index("I have updated")
     prompt = tok.decode(out.prompt_ids)
     assert '"name": "mv"' in prompt and '"name": "sort"' not in prompt  # offered from the start vs held out
     assert not any('"name": "sort"' in text for t, text in users if t < 3)
@@ -302,34 +325,43 @@ def test_decode_step_survives_the_hostile_tool_corpus():
 
 def test_each_trajectory_has_its_own_backends():
     entry, _ = load("base", [0])[0]
-    a, b = BFCLEnv(parse_entry(entry)), BFCLEnv(parse_entry(entry))
+    a, b = BFCLEnv(parse_entry(row_of(entry)[1])), BFCLEnv(parse_entry(row_of(entry)[1]))
     assert a.execute("mkdir", {"dir_name": "only_in_a"}, 5).reason is None
     assert "only_in_a" in a.execute("ls", {}, 5).text and "only_in_a" not in b.execute("ls", {}, 5).text
-    c = BFCLEnv(parse_entry(entry))  # and nothing leaked into a later one of the same id
+    c = BFCLEnv(parse_entry(row_of(entry)[1]))  # and nothing leaked into a later one of the same id
     assert "only_in_a" not in c.execute("ls", {}, 5).text
 
 
 def test_environment_errors_are_bfcls_messages():
     entry, _ = load("base", [0])[0]
-    env = BFCLEnv(parse_entry(entry))
+    env = BFCLEnv(parse_entry(row_of(entry)[1]))
     assert env.execute("nope", {}, 5) == bfcl_env.ExecResult("Error during execution: name 'nope' is not defined", "unknown_function")
     assert env.execute("kill", {}, 5).text == "Error during execution: Function call kill is not allowed."
     r = env.execute("cd", {"folder": "a", "extra": 1}, 5)
     assert r.reason == "call_raised" and r.text.startswith("Error during execution: ") and "extra" in r.text
 
 
-@pytest.mark.parametrize("bad,match", [
-    (None, "no extra_info"), ("{", "not JSON"), ({"id": "x"}, "missing 'question'"), ([1], "expected an object"),
-    ({"id": "simple_1", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["MathAPI"]}, "not a BFCL multi-turn"),
-    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["WebSearchAPI"]}, "refused"),
-    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}]], "involved_classes": ["Nope"]}, "unknown backend"),
-    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}], []], "involved_classes": ["MathAPI"]}, "holds out no"),
-    ({"id": "multi_turn_base_x", "question": [[{"role": "user", "content": "hi"}], []], "involved_classes": ["MathAPI"],
-      "missed_function": {"1": ["no_such_function"]}}, "no function doc"),
+GOOD_ROW = {"id": "multi_turn_base_x", "involved_classes": ["MathAPI"], "initial_config": "{}",
+            "tools": [{"name": "mean", "parameters": {}}], "user_turns": [[{"role": "user", "content": "hi"}]]}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"tools": None}, "expected a list"), ({"user_turns": "{"}, "not JSON"), ({"id": "simple_1"}, "not a BFCL multi-turn"),
+    ({"involved_classes": ["WebSearchAPI"]}, "refused"), ({"involved_classes": ["Nope"]}, "unknown backend"),
+    ({"involved_classes": []}, "non-empty list"), ({"initial_config": "[1]"}, "expected an object"),
+    ({"user_turns": [[{"role": "user", "content": "hi"}], []]}, "non-empty message lists"),
+    ({"user_turns": [[{"role": "user", "content": 3}]]}, "not {'role'"),
+    ({"tools": [{"name": "os.system"}]}, "identifier name"),
+    ({"missed_function": {"0": []}}, "not a later turn"), ({"missed_function": {"1": []}}, "not a later turn"),
+    ({"missed_function": "[]"}, "expected an object"),
 ])
-def test_malformed_entries_are_data_errors(bad, match):
+def test_malformed_rows_are_data_errors(change, match):
+    assert parse_entry(GOOD_ROW).tools == ({"type": "function", "function": {"name": "mean", "parameters": {}}},)
     with pytest.raises(BFCLEntryError, match=match):
-        parse_entry(bad)
+        parse_entry({**GOOD_ROW, **change})
+    for bad, match in ((None, "expected an object"), ({"id": "multi_turn_base_1"}, "lacks")):
+        with pytest.raises(BFCLEntryError, match=match):
+            parse_entry(bad)
 
 
 def test_knobs_are_typed_and_checked(tok):
@@ -483,11 +515,11 @@ def test_the_replay_renders_p_all_as_the_loop_rendered_its_prompt(tok):
     rr = RolloutRender(cfg)
     assert rr.has_tools
     for entry, gold in (load("miss_func", [0])[0], load("base", [7])[0]):
-        extra_info = {"bfcl_entry": json.dumps(entry)}
+        raw_prompt, extra_info = row_of(entry)
         out, *_ = run_loop(tok, entry, gold_script(entry, gold))
         tools = rr.tools_of(AGENT_NAME, extra_info)
-        assert tools == tools_of_row(extra_info) == tools_of_row({"bfcl_entry": entry})
-        assert rr.render_ids(tok, entry["question"][0], tools) == list(out.prompt_ids)  # P_all = the rollout prompt
+        assert tools == tools_of_row(extra_info) == tools_of_row({"tools": json.loads(extra_info["tools"])})
+        assert rr.render_ids(tok, raw_prompt, tools) == list(out.prompt_ids)  # P_all = the rollout prompt
         assert rr.tools_of("single_turn_agent", extra_info) is None
     assert not RolloutRender(OmegaConf.create({"actor_rollout_ref": {"rollout": {"agent": {}, "multi_turn": {}}}})).has_tools
 
@@ -498,7 +530,8 @@ def test_rollout_log_probs_are_aligned_with_the_mask(tok):
 
     async def go():
         loop = make_loop(tok, LogprobServer(ScriptedServer(tok, script)))
-        return await loop.run({}, raw_prompt=entry["question"][0], extra_info={"bfcl_entry": json.dumps(entry)})
+        raw_prompt, extra_info = row_of(entry)
+        return await loop.run({}, raw_prompt=raw_prompt, extra_info=extra_info)
 
     out = asyncio.run(go())
     assert len(out.response_logprobs) == len(out.response_mask)

@@ -3,14 +3,14 @@
 No verl here (the agent loop, :mod:`.bfcl_loop`, binds this to verl's rollout); the pinned ``bfcl-eval``
 package supplies the backends, their function docs and its protocol's constants.
 
-The row's test entry (:func:`parse_entry`)
-    ``extra_info["bfcl_entry"]``: one entry of BFCL's question file as shipped (a mapping or its JSON
-    string): ``id``, ``question`` (per user turn, its messages; a held-out turn has none),
-    ``initial_config``, ``involved_classes`` and, in ``miss_func``, ``missed_function`` (turn -> names).
-    The function docs are added by BFCL's own ``populate_test_cases_with_predefined_functions`` (the
-    involved classes' docs, the held-out ones moved to their turn). ``excluded_function`` is carried by
-    the file but read by no code of bfcl-eval 2026.3.23; it is not read here either. A malformed entry is
-    a data error (:class:`BFCLEntryError`), not model output.
+The row (:func:`parse_entry`)
+    The question's fields in the row's ``extra_info``, as ``data_prep.multi_turn`` writes them (the one
+    builder of these rows; each field a value or its JSON string after parquet): ``id``
+    (``multi_turn_<category>_<n>``), ``involved_classes``, ``initial_config`` (class -> state),
+    ``tools`` (the function specs offered from the first turn, ``{"type": "function", "function": spec}``),
+    ``missed_function`` (miss_func: turn -> the specs added at that turn; optional) and ``user_turns``
+    (per turn its user messages, turn 0 being the prompt's; a miss_func turn holds BFCL's FC message
+    "I have updated some more functions ..."). A malformed row is a data error (:class:`BFCLEntryError`).
 
 Backends (:class:`BFCLEnv`)
     One instance per involved class per trajectory, built as BFCL's ``execute_multi_turn_func_call`` builds
@@ -59,12 +59,15 @@ from recipe.mrtpo.tasks.base import as_text, to_plain
 from recipe.mrtpo.tasks.tool_json import CALL_OPEN, MAX_CALLS, extract_calls, outside_think
 
 __all__ = [
-    "AGENT_NAME", "tools_of_row", "BFCLEntry", "BFCLEntryError", "BFCLEnv", "StepDecode", "ExecResult", "REFUSED_CLASSES",
-    "FORBIDDEN_NAMES", "BFCL_SOURCES", "bfcl_source", "changed_bfcl_sources", "parse_entry", "tool_schemas", "held_out_message", "decode_step", "call_string",
+    "AGENT_NAME", "ROW_FIELDS", "REFUSED_CLASSES", "FORBIDDEN_NAMES", "BFCL_SOURCES", "BFCLEntry", "BFCLEntryError",
+    "BFCLEnv", "StepDecode", "ExecResult", "bfcl_source", "changed_bfcl_sources", "parse_entry", "tools_of_row",
+    "injected_turn", "decode_step", "call_string",
 ]
 
 #: the agent-loop name rows choose the BFCL loop with (``agent_name``; registered by :mod:`.bfcl_loop`)
 AGENT_NAME = "bfcl_multi_turn"
+#: the ``extra_info`` fields a row must carry (``missed_function`` is optional)
+ROW_FIELDS = ("id", "involved_classes", "initial_config", "tools", "user_turns")
 #: classes no multi-turn category involves and this loop refuses: WebSearchAPI reaches the network, the
 #: memory backends read and write snapshot files
 REFUSED_CLASSES = frozenset({"WebSearchAPI", "MemoryAPI_kv", "MemoryAPI_vector", "MemoryAPI_rec_sum"})
@@ -83,9 +86,8 @@ BFCL_SOURCES = {
     # the call strings (call_string) and Qwen FC's decoding into them
     "model_handler/utils.py:convert_to_function_call": "ccf0ea0cc6893051e8ef9b013e7d8373bc9acc5834729812d08cea35418007ed",
     "model_handler/local_inference/qwen_fc.py:QwenFCHandler.decode_execute": "0a77fce82e77981752ae00ae6126711e2017abcfad269e648edb516927018c7a",
-    # instances, result strings, refused names (BFCLEnv); the function docs (parse_entry calls it)
+    # instances, result strings, refused names (BFCLEnv)
     "eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call": "bbfe4e02aa0a977184f9b0998b6c92937f4a7aa662a220295d03cd0aa25955f1",
-    "utils.py:populate_test_cases_with_predefined_functions": "8b973d931d6e619ec5071b8f243544bb149f771575e76276258980853f018c5a",
 }
 
 
@@ -114,19 +116,19 @@ def changed_bfcl_sources() -> list[str]:
 
 
 class BFCLEntryError(ValueError):
-    """The row's BFCL test entry is missing or not of BFCL's shape (a data error)."""
+    """The row's BFCL question fields are missing or not of their shape (a data error, not model output)."""
 
 
 @dataclass(frozen=True)
 class BFCLEntry:
-    """One BFCL multi-turn test entry, with its function docs populated by BFCL."""
+    """One BFCL multi-turn question as the row carries it (module docstring, The row)."""
 
     id: str
-    turns: tuple  # per user turn, its messages (list of {"role", "content"}); a held-out turn has none
+    turns: tuple  # per user turn, its messages ({"role", "content"}); turn 0 is the row's prompt
     initial_config: dict
     involved_classes: tuple
-    functions: tuple  # the docs offered from the first turn
-    held_out: dict  # turn index -> the docs added at that turn (miss_func)
+    tools: tuple  # the function specs offered from the first turn, wrapped {"type": "function", "function": spec}
+    held_out: dict  # turn index -> the specs (wrapped) added at that turn (miss_func)
 
     @property
     def category(self) -> str:
@@ -138,115 +140,115 @@ class BFCLEntry:
         return "long_context" in self.category or "composite" in self.category
 
 
-def _populate(raw: dict) -> dict:
-    from bfcl_eval.utils import populate_test_cases_with_predefined_functions
-
-    return populate_test_cases_with_predefined_functions([raw])[0]
-
-
-def parse_entry(value: Any) -> BFCLEntry:
-    """The :class:`BFCLEntry` of ``extra_info["bfcl_entry"]`` (module docstring); BFCLEntryError if malformed."""
+def _json(value: Any, what: str) -> Any:
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")
     if isinstance(value, str):
         if len(value) > MAX_ENTRY_CHARS:
-            raise BFCLEntryError(f"bfcl_entry: JSON longer than {MAX_ENTRY_CHARS} characters")
+            raise BFCLEntryError(f"extra_info.{what}: JSON longer than {MAX_ENTRY_CHARS} characters")
         try:
-            value = json.loads(value)
+            return json.loads(value)
         except ValueError as e:
-            raise BFCLEntryError(f"bfcl_entry: not JSON ({e})") from None
-    if value is None:
-        raise BFCLEntryError("the row has no extra_info['bfcl_entry'] (a BFCL multi-turn test entry)")
-    raw = copy.deepcopy(to_plain(value))
-    if not isinstance(raw, Mapping):
-        raise BFCLEntryError(f"bfcl_entry: expected an object, got {type(raw).__name__}")
-    for key in ("id", "question", "involved_classes"):
-        if key not in raw:
-            raise BFCLEntryError(f"bfcl_entry: missing {key!r}")
-    if not isinstance(raw["id"], str) or not raw["id"].startswith("multi_turn_"):
-        raise BFCLEntryError(f"bfcl_entry.id: {str(raw['id'])[:80]!r} is not a BFCL multi-turn id (multi_turn_<category>_<n>)")
-    if "function" in raw:
-        raise BFCLEntryError("bfcl_entry: give the question file's entry; its function docs are added here, by BFCL")
+            raise BFCLEntryError(f"extra_info.{what}: not JSON ({e})") from None
+    return to_plain(value)
+
+
+def _wrapped(spec: Any, what: str) -> dict:
+    """A function spec as ``tools=`` takes it: ``{"type": "function", "function": spec}`` (a bare spec wrapped)."""
+    inner = spec.get("function", spec) if isinstance(spec, Mapping) else None
+    if not isinstance(inner, Mapping) or not _identifier(inner.get("name")):
+        raise BFCLEntryError(f"extra_info.{what}: a function spec without an identifier name: {str(spec)[:120]}")
+    return {"type": "function", "function": dict(inner)}
+
+
+def _spec_list(value: Any, what: str) -> tuple:
+    specs = _json(value, what)
+    if not isinstance(specs, list):
+        raise BFCLEntryError(f"extra_info.{what}: expected a list of function specs")
+    return tuple(_wrapped(t, what) for t in specs)
+
+
+def parse_entry(extra_info: Any) -> BFCLEntry:
+    """The :class:`BFCLEntry` of a row's ``extra_info`` (module docstring, The row); BFCLEntryError if malformed."""
+    if not isinstance(extra_info, Mapping):
+        raise BFCLEntryError(f"extra_info: expected an object with the BFCL question, got {type(extra_info).__name__}")
+    missing = [k for k in ROW_FIELDS if k not in extra_info]
+    if missing:
+        raise BFCLEntryError(f"extra_info lacks {missing} (data_prep.multi_turn writes {list(ROW_FIELDS)})")
+    entry_id = extra_info["id"]
+    if not isinstance(entry_id, str) or not entry_id.startswith("multi_turn_"):
+        raise BFCLEntryError(f"extra_info.id: {str(entry_id)[:80]!r} is not a BFCL multi-turn id (multi_turn_<category>_<n>)")
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
-    classes = raw["involved_classes"]
+    classes = _json(extra_info["involved_classes"], "involved_classes")
     if not isinstance(classes, list) or not classes:
-        raise BFCLEntryError("bfcl_entry.involved_classes: expected a non-empty list")
+        raise BFCLEntryError("extra_info.involved_classes: expected a non-empty list")
     for c in classes:
         if c not in CLASS_FILE_PATH_MAPPING:
-            raise BFCLEntryError(f"bfcl_entry: unknown backend class {c!r}")
+            raise BFCLEntryError(f"extra_info.involved_classes: unknown backend class {str(c)[:60]!r}")
         if c in REFUSED_CLASSES:
-            raise BFCLEntryError(f"bfcl_entry: backend class {c!r} is refused (network or disk state)")
-    turns = raw["question"]
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, list) for t in turns):
-        raise BFCLEntryError("bfcl_entry.question: expected a non-empty list of message lists")
+            raise BFCLEntryError(f"extra_info.involved_classes: backend class {c!r} is refused (network or disk state)")
+    config = _json(extra_info["initial_config"], "initial_config")
+    if not isinstance(config, dict):
+        raise BFCLEntryError("extra_info.initial_config: expected an object (class -> state)")
+    turns = _json(extra_info["user_turns"], "user_turns")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, list) and t for t in turns):
+        raise BFCLEntryError("extra_info.user_turns: expected a non-empty list of non-empty message lists")
     for t in turns:
         for m in t:
             if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise BFCLEntryError("bfcl_entry.question: a message is not {'role': str, 'content': str}")
-    missed = raw.get("missed_function") or {}
+                raise BFCLEntryError("extra_info.user_turns: a message is not {'role': str, 'content': str}")
+    missed = _json(extra_info.get("missed_function") or {}, "missed_function")
     if not isinstance(missed, Mapping):
-        raise BFCLEntryError("bfcl_entry.missed_function: expected an object (turn -> names)")
-    for k, names in missed.items():
-        if not str(k).isdigit() or not 0 < int(k) < len(turns) or turns[int(k)]:
-            raise BFCLEntryError(f"bfcl_entry.missed_function: turn {k!r} is not a later turn without a message")
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise BFCLEntryError(f"bfcl_entry.missed_function[{k!r}]: expected a list of names")
-    for i, t in enumerate(turns):
-        if not t and str(i) not in missed:
-            raise BFCLEntryError(f"bfcl_entry.question: turn {i} has no message and holds out no function")
-    missed = {k: list(v) for k, v in missed.items()}  # BFCL's populate rewrites the entry's lists in place
-    try:
-        full = _populate(raw)
-    except (OSError, KeyError, ValueError, TypeError) as e:
-        raise BFCLEntryError(f"bfcl_entry: BFCL could not add the function docs ({type(e).__name__}: {e})") from None
-    held = {int(k): tuple(docs) for k, docs in (full.get("missed_function") or {}).items()}
-    for k, names in missed.items():
-        if len(held[int(k)]) != len(names):
-            raise BFCLEntryError(f"bfcl_entry.missed_function[{k!r}]: a held-out name has no function doc")
+        raise BFCLEntryError("extra_info.missed_function: expected an object (turn -> function specs)")
+    held = {}
+    for k, specs in missed.items():
+        if not str(k).isdigit() or not 0 < int(k) < len(turns):
+            raise BFCLEntryError(f"extra_info.missed_function: turn {str(k)[:20]!r} is not a later turn of the question")
+        held[int(k)] = _spec_list(specs, f"missed_function[{k}]")
     return BFCLEntry(
-        id=str(full["id"]),
-        turns=tuple(tuple(dict(m) for m in t) for t in turns),
-        initial_config=dict(full.get("initial_config") or {}),
+        id=entry_id,
+        turns=tuple(tuple({"role": m["role"], "content": m["content"]} for m in t) for t in turns),
+        initial_config=config,
         involved_classes=tuple(classes),
-        functions=tuple(full["function"]),
+        tools=_spec_list(extra_info["tools"], "tools"),
         held_out=held,
     )
 
 
-def tool_schemas(docs) -> list[dict]:
-    """BFCL's function docs as the chat template's ``tools=`` (verl's ``{"type": "function", "function": doc}``
-    wrapping; the doc itself is BFCL's, unchanged, as BFCL's Qwen FC handler renders it)."""
-    return [{"type": "function", "function": dict(d)} for d in docs]
-
-
 @functools.lru_cache(maxsize=4096)
-def _tools_of_json(entry_json: str) -> str:
-    return json.dumps(tool_schemas(parse_entry(entry_json).functions))
+def _tools_json(value: str) -> str:
+    return json.dumps(list(_spec_list(value, "tools")))
 
 
 def tools_of_row(extra_info: Any) -> list[dict]:
     """The ``tools=`` the loop renders a row's prompt with (the replay renders P_all with the same)."""
-    value = extra_info.get("bfcl_entry") if isinstance(extra_info, Mapping) else None
-    if isinstance(value, (str, bytes, bytearray)):
-        text = bytes(value).decode("utf-8", errors="replace") if not isinstance(value, str) else value
-        return json.loads(_tools_of_json(text))  # a fresh copy: callers may not mutate the cache
-    return tool_schemas(parse_entry(value).functions)
+    if not isinstance(extra_info, Mapping) or "tools" not in extra_info:
+        raise BFCLEntryError("extra_info.tools: a bfcl_multi_turn row carries its function specs")
+    value = extra_info["tools"]
+    if isinstance(value, str):
+        return json.loads(_tools_json(value))  # a fresh copy: callers may not mutate the cache
+    return list(_spec_list(value, "tools"))
 
 
-def held_out_message(docs) -> str:
-    """The user message of a miss_func turn: BFCL's prompting-mode text with the held-out functions.
+def injected_turn(entry: BFCLEntry, turn: int) -> list[dict]:
+    """The messages appended at the start of ``turn`` (> 0): the row's user messages of that turn; at a
+    miss_func turn the held-out specs (JSON) come first in its message, as BFCL's prompting mode writes them
+    (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING`` = ``"{functions}\n"`` + the FC message the row
+    holds there).
 
-    BFCL's FC mode adds the functions to ``tools`` and re-renders the whole prompt; under verl's
-    append-only Continuous Token rollout the system block cannot change mid-trajectory, so the docs come in
-    the injected turn, as BFCL's prompting mode injects them
-    (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING``), written as JSON (BFCL writes the list's
-    Python ``str``) in the same wrapping as ``tools=``.
+    BFCL's FC mode adds the functions to ``tools`` and re-renders the whole prompt; verl's Continuous Token
+    rollout appends only (the prompt's tools block cannot change mid-trajectory), so the specs come in the
+    injected turn, in the same wrapping and JSON as ``tools=`` (BFCL writes the list's Python ``str``).
     """
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+    msgs = [dict(m) for m in entry.turns[turn]]
+    if turn in entry.held_out:
+        from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 
-    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(
-        functions=json.dumps(tool_schemas(docs), ensure_ascii=False))
+        prefix = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.split("{functions}")[0]
+        functions = json.dumps(list(entry.held_out[turn]), ensure_ascii=False)
+        msgs[0]["content"] = prefix + functions + "\n" + msgs[0]["content"]
+    return msgs
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,14 +1,14 @@
 """BFCL v4 multi-turn as a verl 0.9.1 agent loop, registered as ``bfcl_multi_turn`` (a row's ``agent_name``).
 
 Protocol (BFCL's ``base_handler.inference_multi_turn_*``, inside verl's Continuous Token rollout)
-    The prompt is the row's ``raw_prompt`` (the entry's first turn) rendered with ``tools=`` the entry's
-    function docs (:func:`.bfcl_env.tool_schemas`), as verl's ``ToolAgentLoop`` renders its tools. Each user
+    The prompt is the row's ``raw_prompt`` (its first turn) rendered with ``tools=`` the row's function
+    specs (``extra_info["tools"]``, :mod:`.bfcl_env`), as verl's ``ToolAgentLoop`` renders its tools. Each user
     turn runs steps: the model generates; a text with no ``<tool_call>`` ends the turn (BFCL: an empty
     decode proceeds to the next turn); otherwise every call of the step is executed in order against the
     trajectory's own backends (:class:`.bfcl_env.BFCLEnv`) and each result comes back as a ``tool`` message
     (verl's tool turn through the chat template); then the model generates again. The next turn's user
-    messages are appended as ``user`` messages; a miss_func turn (no user message) appends BFCL's
-    "I have updated some more functions ..." with the held-out docs (:func:`.bfcl_env.held_out_message`).
+    messages are appended as ``user`` messages; at a miss_func turn the held-out specs come in that message,
+    before BFCL's "I have updated some more functions ..." (:func:`.bfcl_env.injected_turn`).
     A step that opened a ``<tool_call>`` but does not decode (:func:`.bfcl_env.decode_step`) is, by
     ``on_decode_error``, an error message back to the model as a tool message (``feedback``, the default)
     or the end of the turn (``end_turn``, BFCL's own protocol, for evaluations comparable to BFCL's).
@@ -57,7 +57,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 from verl.utils.profiler import simple_timer
 
-from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, held_out_message, parse_entry, tool_schemas
+from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, injected_turn, parse_entry
 from recipe.mrtpo.tasks.multi_turn.trajectory import Step, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
@@ -168,10 +168,8 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         cfg = self.loop_config
         extra_info = kwargs.get("extra_info") or {}
-        entry = parse_entry(extra_info.get("bfcl_entry") if hasattr(extra_info, "get") else None)
-        if not entry.turns[0]:
-            raise ValueError(f"{entry.id}: the first turn holds no message")
-        st = _State(messages=[dict(m) for m in kwargs["raw_prompt"]], tools=tool_schemas(entry.functions))
+        entry = parse_entry(extra_info)
+        st = _State(messages=[dict(m) for m in kwargs["raw_prompt"]], tools=[dict(t) for t in entry.tools])
         env = self.make_env(entry)
         metrics: dict[str, Any] = {}
         full_det = bool(getattr(self.rollout_config, "full_determinism", False))
@@ -185,8 +183,7 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         try:
             for turn in range(len(entry.turns)):
                 if turn > 0:
-                    msgs = [dict(m) for m in entry.turns[turn]] or [
-                        {"role": "user", "content": held_out_message(entry.held_out[turn])}]
+                    msgs = injected_turn(entry, turn)
                     if not await self._append_context(st, msgs, "user", turn, -1):
                         raise _Stop("response_length")
                 st.turns.append([])
@@ -332,4 +329,4 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
 
 def _held_out_later(env: BFCLEnv, turn: int) -> set:
     """Names of functions held out until a turn after ``turn`` (miss_func)."""
-    return {d["name"] for t, docs in env.entry.held_out.items() if t > turn for d in docs}
+    return {d["function"]["name"] for t, specs in env.entry.held_out.items() if t > turn for d in specs}
