@@ -538,3 +538,30 @@ def test_rollout_log_probs_are_aligned_with_the_mask(tok):
     for kind, a, b, *_ in out.extra_fields["bfcl_spans"]:
         want = [-(1.0 + i) for i in range(b - a)] if kind == "model" else [0.0] * (b - a)
         assert out.response_logprobs[a:b] == want, kind
+
+
+def test_verls_worker_path_builds_the_loop_from_the_yaml(tok):
+    """What verl's AgentLoopWorker does with ``agent_loop_config_path``: register each entry by name, then
+    ``hydra.utils.instantiate`` it with the worker's keyword arguments (``_run_agent_loop``)."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+
+    entries = OmegaConf.load(Path(__file__).parents[2] / "recipe/mrtpo/config/bfcl_agent_loop.yaml")
+    (spec,) = [e for e in entries if e.name == "bfcl_multi_turn"]
+    spec = OmegaConf.merge(spec, {"max_steps_per_turn": 3})
+    entry, _ = load("base", [0])[0]
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+        "prompt_length": 32768, "response_length": 16384, "multi_turn": {"max_tool_response_length": 100_000}}},
+        "data": {"apply_chat_template_kwargs": {}}})
+
+    async def go():
+        server = ScriptedServer(tok, lambda i: call("ls"))
+        loop = hydra.utils.instantiate(config=spec, trainer_config=DictConfigWrap(config=cfg), server_manager=server,
+                                       tokenizer=tok, processor=None, hf_model_type="qwen2", dataset_cls=None,
+                                       data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+        raw_prompt, extra_info = row_of(entry)
+        return loop, await loop.run({}, raw_prompt=raw_prompt, extra_info=extra_info)
+
+    loop, out = asyncio.run(go())
+    assert loop.loop_config.max_steps_per_turn == 3 and loop.loop_config.call_timeout_s == 10.0
+    assert out.extra_fields["bfcl_loop"]["end"] == "step_limit" and out.extra_fields["bfcl_loop"]["steps"] == 4
