@@ -275,7 +275,13 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         if lps is not None:
             st.logprobs = lps
         st.spans.append(["model", start - merge.removed_prefix_token_count, len(mask), turn, step])
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        # the text without the end-of-turn token(s), special tokens inside kept: a tokenizer may mark <tool_call>
+        # special, and verl's tool parsers decode with skip_special_tokens=False too
+        end = len(token_ids)
+        special = set(getattr(self.tokenizer, "all_special_ids", None) or ())
+        while end and token_ids[end - 1] in special:
+            end -= 1
+        text = self.tokenizer.decode(token_ids[:end], skip_special_tokens=False)
         st.messages.append({"role": "assistant", "content": text})
         return text
 
