@@ -28,7 +28,7 @@ Rewards (each 0.0 or 1.0), T = the question's number of turns, "scored turn" = a
   it is offered (``miss_func_49``, ``tail`` at turn 1), and a call where none is due costs
   ``irrelevance``. Z_k: the first malformed steps and why, or that every step was well-formed.
 - ``irrelevance`` (only for questions with a turn whose gold makes no call: every ``miss_func`` and
-  ``miss_param`` question and 3 of ``base``/``long_context``): BFCL's
+  ``miss_param`` question and 2 each of ``base`` and ``long_context``): BFCL's
   ``multi_turn_irrelevance_checker``: the model made no call in those turns. Z_k: which turns expected
   no call and why.
 
