@@ -284,3 +284,61 @@ def test_a_malformed_row_is_a_data_bug(items):
         V.score(gold_record(gold), {"turns": "not json"}, row["extra_info"])
     with pytest.raises(ValueError):
         V.score(gold_record(gold), row["reward_model"]["ground_truth"], {"id": "x"})
+
+
+# --------------------------------------------------------------------------------------------------
+# the hostile corpus (tests/hostile/multi_turn_corpus.py)
+# --------------------------------------------------------------------------------------------------
+
+
+def _corpus() -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_mt_corpus", REPO / "tests" / "hostile" / "multi_turn_corpus.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.call_corpus()
+
+
+def test_the_gate_and_the_format_rule_survive_the_corpus():
+    corpus = _corpus()
+    assert len(corpus) >= 150
+    methods = method_names(["GorillaFileSystem", "MathAPI"])
+    docs = {n: {"name": n, "parameters": {"type": "object", "properties": {}}} for n in methods}
+    out, refused = executable_calls(corpus, methods)
+    assert refused >= 100
+    import builtins
+
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    passed_names = set()
+    for original, passed in zip(corpus, out):
+        call_error(original, docs)  # never raises
+        if passed != REFUSED_CALL:
+            # what reaches BFCL's eval is one literal-argument call of a backend method or of a name that eval
+            # cannot resolve (NameError before anything runs)
+            call = parse_call(passed)
+            assert call.name in methods or (not hasattr(builtins, call.name) and call.name not in vars(multi_turn_utils))
+            passed_names.add(call.name)
+    assert {"cd", "ls", "mkdir", "echo", "nonexistent_function", "GorillaFileSystem"} <= passed_names
+    assert not passed_names & {"open", "exec", "eval", "print", "exit", "globals", "re", "json", "copy", "importlib"}
+
+
+def test_the_verifier_survives_the_corpus_in_bounded_time_and_runs_nothing(items, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    entry, gold, row = items["multi_turn_base_15"]  # GorillaFileSystem and MathAPI
+    corpus = _corpus()
+    one_per_step = gold_record(gold)
+    one_per_step["turns"][0]["steps"][:0] = [{"text": c[:100], "calls": [c], "error": None} for c in corpus]
+    all_in_one = gold_record(gold)
+    all_in_one["turns"][1]["steps"].insert(0, {"text": "", "calls": corpus, "error": None})
+    start = time.monotonic()
+    for record in (one_per_step, all_in_one, json.dumps(one_per_step)):
+        result = score(record, row)
+        assert result.scores["format"] == 0.0 and result.info["refused_calls"] >= 100
+        assert "errors" not in result.info, result.info  # the checker answered in time
+        assert all(len(c.text) <= V.MAX_CONTEXT_CHARS for c in result.contexts.values())
+    assert time.monotonic() - start < 120
+    assert not (tmp_path / "PWNED").exists() and not (REPO / "PWNED").exists()
