@@ -342,3 +342,14 @@ def test_the_verifier_survives_the_corpus_in_bounded_time_and_runs_nothing(items
         assert all(len(c.text) <= V.MAX_CONTEXT_CHARS for c in result.contexts.values())
     assert time.monotonic() - start < 120
     assert not (tmp_path / "PWNED").exists() and not (REPO / "PWNED").exists()
+
+
+def test_the_agreement_benchmark_prints_its_table(capsys):
+    import bench_multi_turn_agreement as bench
+
+    assert bench.main(["--every", "100", "--categories", "base,miss_func"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("category") and [line.split("|")[0].strip() for line in out[2:4]] == ["base", "miss_func"]
+    totals = json.loads(out[-2])
+    assert totals["questions"] == 4 and totals["gold_full_marks"] == 4 and totals["agreed"] == totals["cases"] > 4
+    assert out[-1].startswith(f"agreement: {totals['agreed']}/{totals['cases']} cases")
