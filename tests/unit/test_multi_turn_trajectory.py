@@ -60,3 +60,9 @@ def test_off_shape_is_a_trajectory_error(bad):
 def test_deep_json_is_a_trajectory_error_not_a_crash():
     with pytest.raises(TrajectoryError):
         parse_trajectory("[" * 100_000 + "]" * 100_000)
+
+
+def test_decoded_skips_a_step_of_one_empty_call_as_bfcl_does():
+    """BFCL's ``is_empty_execute_response``: ``[]`` and ``[""]`` are no call."""
+    t = parse_trajectory({"turns": [{"steps": [{"text": "", "calls": [""]}, {"text": "", "calls": ["", "ls()"]}]}]})
+    assert t.decoded() == [[["", "ls()"]]]

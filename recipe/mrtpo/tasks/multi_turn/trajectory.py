@@ -17,7 +17,7 @@ Shape (JSON-able, ``to_dict`` / ``from_dict``)::
 The record carries no tool output and no injected user turn: the verifier re-executes the calls
 against fresh backends, as BFCL's checker does, so nothing the environment wrote can pass as model
 text. :meth:`Trajectory.decoded` gives the checker's input the way BFCL's ``eval_runner`` builds it
-(steps that did not decode or hold no call are left out).
+(steps that did not decode or hold no call, or only ``""``, are left out).
 
 Model output is hostile: :func:`parse_trajectory` refuses anything off this shape (wrong types,
 unknown keys, absurd sizes) with :class:`TrajectoryError`, a ``ValueError`` whose message the verifier
@@ -152,7 +152,12 @@ class Trajectory:
     def decoded(self) -> list[list[list[str]]]:
         """BFCL's ``multi_turn_model_result_list_decoded``: per turn, the call lists of the steps that
         decoded to at least one call (``eval_runner`` skips steps that fail to decode or are empty)."""
-        return [[list(s.calls) for s in t.steps if s.error is None and s.calls] for t in self.turns]
+        return [[list(s.calls) for s in t.steps if s.error is None and not _empty(s.calls)] for t in self.turns]
+
+
+def _empty(calls: tuple) -> bool:
+    """BFCL's ``is_empty_execute_response``: no call, or one empty string."""
+    return len(calls) == 0 or (len(calls) == 1 and len(calls[0]) == 0)
 
 
 def parse_trajectory(record: Any) -> Trajectory:
