@@ -132,7 +132,21 @@ def make_loop(tok, server, response_length=16384, max_tool_response_length=100_0
                                   hf_model_type="qwen2", tools=None, name="bfcl_multi_turn", **knobs)
     loop.envs = []
     make = loop.make_env
-    loop.make_env = lambda entry: loop.envs.append(make(entry)) or loop.envs[-1]
+
+    def make_env(entry):  # keep each trajectory's environment and its final backends (taken before close)
+        env = make(entry)
+        close = env.close
+
+        def close_keeping_state(*args, **kwargs):
+            if not env.poisoned:
+                env.final = env.snapshot()
+            close(*args, **kwargs)
+
+        env.close = close_keeping_state
+        loop.envs.append(env)
+        return env
+
+    loop.make_env = make_env
     return loop
 
 
@@ -207,7 +221,8 @@ def test_gold_trajectory_reaches_bfcls_state_and_outputs(tok, entry, gold):
         res, bfcl_instances = execute_multi_turn_func_call(turn, entry["initial_config"], entry["involved_classes"],
                                                            model, entry["id"], long_context=long_context)
         bfcl_outputs.append(res)
-    ours = loop.envs[0].instances
+    assert type(loop.envs[0]).__name__ == "ProcessEnv"  # the default isolation
+    ours = loop.envs[0].final
     assert state_checker(ours, bfcl_instances) == {"valid": True}
     # the loop's decoded calls, executed by BFCL on fresh instances, reach the same state too
     model2 = f"mrtpo_test_{uuid.uuid4().hex}"
@@ -323,13 +338,45 @@ def test_decode_step_survives_the_hostile_tool_corpus():
     assert time.monotonic() - t0 < 60
 
 
-def test_each_trajectory_has_its_own_backends():
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_each_trajectory_has_its_own_backends(isolation):
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    make = BFCLEnv if isolation == "thread" else ProcessEnv
     entry, _ = load("base", [0])[0]
-    a, b = BFCLEnv(parse_entry(row_of(entry)[1])), BFCLEnv(parse_entry(row_of(entry)[1]))
+    a, b = make(parse_entry(row_of(entry)[1])), make(parse_entry(row_of(entry)[1]))
     assert a.execute("mkdir", {"dir_name": "only_in_a"}, 5).reason is None
     assert "only_in_a" in a.execute("ls", {}, 5).text and "only_in_a" not in b.execute("ls", {}, 5).text
-    c = BFCLEnv(parse_entry(row_of(entry)[1]))  # and nothing leaked into a later one of the same id
+    c = make(parse_entry(row_of(entry)[1]))  # and nothing leaked into a later one of the same id
     assert "only_in_a" not in c.execute("ls", {}, 5).text
+    for env in (a, b, c):
+        env.close()
+
+
+def test_a_process_env_stops_a_call_that_holds_the_interpreter():
+    """CPython's big-integer power keeps the GIL: only a process can stop it."""
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    env = ProcessEnv(parse_entry(GOOD_ROW))  # MathAPI
+    assert env.execute("add", {"a": 1, "b": 2}, 5) == bfcl_env.ExecResult('{"result": 3}')
+    t0 = time.monotonic()
+    r = env.execute("power", {"base": 99999999, "exponent": 99999999999}, 1.0)
+    assert r.reason == "call_timeout" and env.poisoned and env.stop_reason == "call_timeout"
+    assert time.monotonic() - t0 < 10 and env._proc is None  # the child was killed at once
+    assert env.execute("add", {"a": 1, "b": 2}, 5).reason == "env_poisoned"
+    env.close()
+
+
+def test_a_process_env_caps_memory():
+    """square_root at a precision of 10**9 digits wants GBs (and hours): under the cap it fails at once."""
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    env = ProcessEnv(parse_entry(GOOD_ROW), memory_limit_bytes=512 << 20)
+    t0 = time.monotonic()
+    r = env.execute("square_root", {"number": 2, "precision": 10**9}, 60)
+    assert r == bfcl_env.ExecResult("Error during execution: ", "call_raised") and time.monotonic() - t0 < 30  # MemoryError
+    assert env.execute("add", {"a": 1, "b": 2}, 5).text == '{"result": 3}'  # the child lives on
+    env.close()
 
 
 def test_environment_errors_are_bfcls_messages():
@@ -368,7 +415,8 @@ def test_knobs_are_typed_and_checked(tok):
     with pytest.raises(TypeError, match="unknown knob"):
         make_loop(tok, None, max_step_per_turn=3)
     for bad in ({"max_steps_per_turn": 0}, {"max_calls_per_step": 65}, {"call_timeout_s": 0},
-                {"on_decode_error": "ignore"}, {"max_step_tokens": 0}):
+                {"on_decode_error": "ignore"}, {"max_step_tokens": 0}, {"isolation": "none"},
+                {"memory_limit_mb": 100}, {"isolation": "thread", "memory_limit_mb": 1024}):
         with pytest.raises(ValueError):
             make_loop(tok, None, **bad)
     import yaml
@@ -421,7 +469,9 @@ HOSTILE = {
                             "total_step_limit"),
     "very_long_text": (["word " * 60000], {"response_length": 4096}, {"response_length": 1}, "response_length"),
     "long_step_text": (lambda i: "spam " * 5000 if i == 0 else "Done.", {"max_step_tokens": 256}, {}, "completed"),
-    "never_returns": ([call("spin")], {"call_timeout_s": 0.5}, {"call_timeout": 1}, "call_timeout"),
+    "holds_the_interpreter": ([call("power", base=99999999, exponent=99999999999)], {"call_timeout_s": 1.0},
+                              {"call_timeout": 1}, "call_timeout", 31),
+    "never_returns": ([call("spin")], {"call_timeout_s": 0.5, "isolation": "thread"}, {"call_timeout": 1}, "call_timeout"),
     "slow_server": (lambda i: call("ls"), {"trajectory_timeout_s": 0.6, "delay_s": 0.1}, {"trajectory_timeout": 1},
                     "trajectory_timeout"),
 }
@@ -429,9 +479,9 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monkeypatch):
-    first, knobs, reasons, end = HOSTILE[name]
+    first, knobs, reasons, end, *item = HOSTILE[name]
     knobs = dict(knobs)
-    entry, _ = load("base", [0])[0]
+    entry, _ = load("base", item or [0])[0]  # base_31 involves MathAPI
     if name == "never_returns":  # a backend call that never returns: a method that spins, on the instance
         real_init = BFCLEnv.__init__
 
