@@ -50,25 +50,14 @@ def load(category: str, ids: list[int]) -> list[tuple[dict, list]]:
 
 
 def row_of(entry: dict) -> tuple[list, dict]:
-    """(raw_prompt, extra_info) of a BFCL question as the row contract states it (``bfcl_env``'s docstring;
-    ``data_prep.multi_turn`` writes it): BFCL's own populate adds the docs and moves the held-out ones to their
-    turn; a held-out turn holds BFCL's FC message."""
-    import copy
+    """(raw_prompt, extra_info) of a BFCL question's row, built by the rows' one builder, ``data_prep.multi_turn``."""
+    from data_prep.multi_turn import multi_turn_row
 
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-    from bfcl_eval.utils import populate_test_cases_with_predefined_functions
-
-    full = populate_test_cases_with_predefined_functions([copy.deepcopy(entry)])[0]
-
-    def wrap(docs):
-        return [{"type": "function", "function": d} for d in docs]
-
-    turns = [m or [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}] for m in entry["question"]]
-    extra_info = {"id": entry["id"], "involved_classes": entry["involved_classes"],
-                  "initial_config": json.dumps(entry["initial_config"]), "tools": json.dumps(wrap(full["function"])),
-                  "missed_function": json.dumps({t: wrap(d) for t, d in full.get("missed_function", {}).items()}),
-                  "user_turns": json.dumps(turns)}
-    return [{"role": "system", "content": "You are a helpful assistant."}, *turns[0]], extra_info
+    category = entry["id"].rsplit("_", 1)[0].removeprefix("multi_turn_")
+    (_, gold), = load(category, [int(entry["id"].rsplit("_", 1)[1])])
+    row = multi_turn_row(entry, gold, category)
+    assert row["agent_name"] == "bfcl_multi_turn"
+    return row["prompt"], row["extra_info"]
 
 
 ITEMS = load("base", [0, 7, 55]) + load("miss_func", [0, 12]) + load("long_context", [3]) + load("miss_param", [4])
@@ -615,3 +604,37 @@ def test_verls_worker_path_builds_the_loop_from_the_yaml(tok):
     loop, out = asyncio.run(go())
     assert loop.loop_config.max_steps_per_turn == 3 and loop.loop_config.call_timeout_s == 10.0
     assert out.extra_fields["bfcl_loop"]["end"] == "step_limit" and out.extra_fields["bfcl_loop"]["steps"] == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# With the task: the loop's record scored by the multi-turn verifier (BFCL's checker)
+# --------------------------------------------------------------------------------------------------
+
+
+def score_of(entry, out):
+    from data_prep.multi_turn import multi_turn_row
+    from recipe.mrtpo.tasks.multi_turn.verifier import score
+
+    category = entry["id"].rsplit("_", 1)[0].removeprefix("multi_turn_")
+    (_, gold), = load(category, [int(entry["id"].rsplit("_", 1)[1])])
+    row = multi_turn_row(entry, gold, category)
+    return score(out.extra_fields["bfcl_trajectory"], row["reward_model"]["ground_truth"], row["extra_info"])
+
+
+@pytest.mark.parametrize("entry,gold", ITEMS, ids=[e["id"] for e, _ in ITEMS])
+def test_gold_played_through_the_loop_scores_full_marks(tok, entry, gold):
+    texts = []
+    for turn in gold:  # a turn whose gold makes no call: the model says so in plain text
+        texts += [gold_calls_as_model(entry, turn), "Done."] if turn else ["None of the functions can do this."]
+    out, *_ = run_loop(tok, entry, texts)
+    assert out.extra_fields["bfcl_loop"]["end"] == "completed"
+    result = score_of(entry, out)
+    assert set(result.scores.values()) == {1.0}, result
+
+
+def test_a_turn_answered_without_its_calls_fails_state_and_response(tok):
+    entry, gold = ITEMS[0]
+    texts = ["I will not do that."] + [t for turn in gold[1:] for t in ([gold_calls_as_model(entry, turn), "Done."] if turn else ["No."])]
+    out, *_ = run_loop(tok, entry, texts)
+    result = score_of(entry, out)
+    assert result.scores["state"] == 0.0 and result.scores["response"] == 0.0 and result.scores["format"] == 1.0, result
