@@ -638,3 +638,26 @@ def test_a_turn_answered_without_its_calls_fails_state_and_response(tok):
     out, *_ = run_loop(tok, entry, texts)
     result = score_of(entry, out)
     assert result.scores["state"] == 0.0 and result.scores["response"] == 0.0 and result.scores["format"] == 1.0, result
+
+
+def test_a_builder_that_inserts_tokens_at_an_assistant_merge_is_cut_to_the_response_length(tok):
+    """verl's Qwen builder inserts nothing there; a builder that did would overrun the budget by its boundary
+    tokens: the response is cut as verl's loops cut it, the spans with it, and the cut counted."""
+    from verl.utils.tokenizer.continuous_token import MergeResult
+
+    entry, _ = load("base", [0])[0]
+
+    async def go():
+        loop = make_loop(tok, ScriptedServer(tok, lambda i: "word " * 500), response_length=64)
+        nl = tok.encode("\n", add_special_tokens=False)
+        loop.continuous_token_builder.merge_assistant_tokens = lambda ids, new: MergeResult(
+            token_ids=list(ids) + nl + list(new), appended_token_count=len(new), kind="assistant", inserted_token_ids=nl)
+        raw_prompt, extra_info = row_of(entry)
+        return await loop.run({}, raw_prompt=raw_prompt, extra_info=extra_info)
+
+    out = asyncio.run(go())
+    info = out.extra_fields["bfcl_loop"]
+    assert info["reasons"] == {"response_truncated": 1, "response_length": 1} and info["end"] == "response_length"
+    assert len(out.response_ids) == len(out.response_mask) == 64 and out.response_mask[0] == 0
+    assert [k for k, *_ in out.extra_fields["bfcl_spans"]] == ["boundary", "model"]
+    check_tiling(out)

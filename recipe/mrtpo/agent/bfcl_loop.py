@@ -30,8 +30,9 @@ Masks and spans
     ``response_mask`` is 1 exactly on the model's generated tokens; tool results, injected user turns and
     the template's boundary tokens Continuous Token inserts are 0 (verl's ``align_response_metadata``).
     ``extra_fields["bfcl_spans"]``: ``[kind, start, end, turn, step]`` over response positions, kind
-    ``model`` (mask 1), ``tool`` (results and error feedback) or ``user`` (injected turns, step -1); the
-    spans tile the response.
+    ``model`` (mask 1), ``tool`` (results and error feedback), ``user`` (injected turns, step -1) or
+    ``boundary`` (template tokens a Continuous Token builder inserts before a generation; none with Qwen's);
+    the spans tile the response.
 
 Record
     ``extra_fields["bfcl_trajectory"]``: :class:`recipe.mrtpo.tasks.multi_turn.trajectory.Trajectory` as a dict
@@ -209,7 +210,11 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
                 st.reasons[stop.reason] += 1
 
         response_ids = st.ids[prompt_len:]
-        assert len(response_ids) == len(st.mask) <= self.response_length  # the budget is enforced before merging
+        if len(st.mask) > self.response_length:  # only a builder inserting tokens at an assistant merge gets here
+            st.reasons["response_truncated"] += 1  # cut as verl's loops cut (response_ids[:response_length])
+            n = self.response_length
+            response_ids, st.mask, st.logprobs = response_ids[:n], st.mask[:n], st.logprobs[:n]
+            st.spans = [[k, a, min(b, n), t, i] for k, a, b, t, i in st.spans if a < n]
         record = Trajectory(turns=tuple(Turn(steps=tuple(t)) for t in st.turns))
         extra = {
             "bfcl_trajectory": record.to_dict(),
@@ -294,7 +299,11 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         st.ids, st.mask = merge.token_ids, mask
         if lps is not None:
             st.logprobs = lps
-        st.spans.append(["model", start - merge.removed_prefix_token_count, len(mask), turn, step])
+        start -= merge.removed_prefix_token_count
+        if merge.inserted_token_ids:  # template tokens the builder inserts before the generation (none for Qwen's)
+            st.spans.append(["boundary", start, start + len(merge.inserted_token_ids), turn, step])
+            start += len(merge.inserted_token_ids)
+        st.spans.append(["model", start, len(mask), turn, step])
         # the text without the end-of-turn token(s), special tokens inside kept: a tokenizer may mark <tool_call>
         # special, and verl's tool parsers decode with skip_special_tokens=False too
         end = len(token_ids)
