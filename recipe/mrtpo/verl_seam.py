@@ -221,6 +221,28 @@ def check_numerics_sources() -> list[str]:
     return [n for n, sha in NUMERICS_SOURCES.items() if source_sha256(named_source(n)) != sha]
 
 
+# ------------------------------------------------------------------ the agent loop's reliance on verl
+#: verl 0.9.1 pieces the BFCL agent loop (``recipe.mrtpo.agent.bfcl_loop``) builds on or restates, by
+#: ``module:qualname`` -> sha256 of the dedented source: the registry it registers with; the keyword arguments
+#: the worker passes to a loop (``_VERL_KWARGS``); the Continuous Token calls that build the prompt and append
+#: assistant / context tokens, and the mask rule they apply (assistant 1, context and inserted boundary 0);
+#: the tool loop's cut of a long tool response (``truncate_tool_text``).
+AGENT_LOOP_SOURCES = {
+    "verl.experimental.agent_loop.agent_loop:register": "d4713a91cdbbbe838a94a77d7089c113f63b95b0d635796db0b24c5fb25389bb",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop": "afb90a4a12333ee027a1d2d20a6a39e9cec9cd63418d5215ffe2f8364cc41267",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_build_initial_tokens": "03e5d1170097a843a4b05dabf195020d8e407d37bce3231998bcd865b36d9dc8",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_merge_context_msg": "a72fe5cc792fa5f87d9efb6f879b042beaa6a431b37b20e60c039aaa00aff595",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_merge_assistant_token": "91c7a99fc40779a1594684d0530da262ec4017adc7580192333abdcffe0798c7",
+    "verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata": "eb906d3082c9c27bf4780c759b080eeeb36c867742c08f406f9c9cdef95d0677",
+    "verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop._call_tool": "571416855e7616759ce5b9f4e9ae6ea52274c6dd37147c9bf7689fa747dfd7dd",
+}
+
+
+def check_agent_loop_sources() -> list[str]:
+    """The :data:`AGENT_LOOP_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return [n for n, sha in AGENT_LOOP_SOURCES.items() if source_sha256(named_source(n)) != sha]
+
+
 def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
     """verl's own old log-probs of ``batch``, padded [B, T] as :func:`read_old_log_prob_batch` pads: step 1 of
     ``_compute_old_log_prob`` (the same ``extra_info`` and ``compute_log_prob`` call), then its step 2's
