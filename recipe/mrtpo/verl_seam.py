@@ -25,6 +25,12 @@ through ``agg_loss``, the rollout-vs-actor debug metrics when ``rollout.calculat
 :func:`read_old_log_prob_batch` and :func:`write_old_log_probs`; the bypass mode (old = rollout log-probs)
 is left to verl (the trainer does not fuse then). ``OLD_LOG_PROB_SOURCE_SHA256`` pins that method.
 Everything else of the loop is verl's own.
+
+The functions other modules restate or follow are pinned here too, by name -> sha256 of the dedented
+source (:func:`named_source`, the one reader of such sources; :func:`changed_sources` compares):
+verl's log-prob numerics (:data:`NUMERICS_SOURCES`), verl's agent-loop pieces the BFCL loop builds on
+(:data:`AGENT_LOOP_SOURCES`), and bfcl-eval's functions the BFCL environment restates
+(:data:`BFCL_SOURCES`, read with ``ast``: its model handlers cannot be imported).
 """
 
 from __future__ import annotations
@@ -205,20 +211,44 @@ NUMERICS_SOURCES = {
 }
 
 
-def named_source(name: str) -> str:
-    """The dedented source of ``module:qualname`` (what :data:`NUMERICS_SOURCES` hashes)."""
+def named_source(name: str, package: str = "") -> str:
+    """The dedented source of ``name``, what the pins of this module hash.
+
+    ``module:qualname`` (verl's pins): imported, ``textwrap.dedent(inspect.getsource(obj))``. With ``package``
+    (:data:`BFCL_SOURCES`: ``package="bfcl_eval"``), ``file:qualname`` with ``file`` relative to that installed
+    package, read with ``ast`` without importing it (bfcl-eval's model handlers cannot be imported without their
+    heavy dependencies): the dedented ``ast.get_source_segment`` of the definition (no decorators; its first line
+    is not indented, so the dedent leaves the body as in the file).
+    """
     import importlib
 
-    mod, qual = name.split(":")
-    obj = importlib.import_module(mod)
+    where, qual = name.split(":")
+    if not package:
+        obj = importlib.import_module(where)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return textwrap.dedent(inspect.getsource(obj))
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(list(importlib.util.find_spec(package).submodule_search_locations)[0])
+    text = (root / where).read_text()
+    node: Any = ast.parse(text)
     for part in qual.split("."):
-        obj = getattr(obj, part)
-    return textwrap.dedent(inspect.getsource(obj))
+        node = next(n for n in ast.iter_child_nodes(node)
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part)
+    return textwrap.dedent(ast.get_source_segment(text, node))
+
+
+def changed_sources(pins: dict[str, str], package: str = "") -> list[str]:
+    """The names of ``pins`` (name -> sha256, :func:`named_source`'s forms) whose installed source differs."""
+    return [n for n, sha in pins.items() if source_sha256(named_source(n, package)) != sha]
 
 
 def check_numerics_sources() -> list[str]:
     """The :data:`NUMERICS_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
-    return [n for n, sha in NUMERICS_SOURCES.items() if source_sha256(named_source(n)) != sha]
+    return changed_sources(NUMERICS_SOURCES)
 
 
 # ------------------------------------------------------------------ the agent loop's reliance on verl
@@ -240,7 +270,28 @@ AGENT_LOOP_SOURCES = {
 
 def check_agent_loop_sources() -> list[str]:
     """The :data:`AGENT_LOOP_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
-    return [n for n, sha in AGENT_LOOP_SOURCES.items() if source_sha256(named_source(n)) != sha]
+    return changed_sources(AGENT_LOOP_SOURCES)
+
+
+#: the bfcl-eval 2026.3.23 functions the BFCL agent loop's environment (``recipe.mrtpo.agent.bfcl_env``)
+#: restates or follows, ``file:qualname`` (relative to the package) -> sha256 of the dedented source, read with
+#: ``ast`` (:func:`named_source` with ``package="bfcl_eval"``); :func:`check_bfcl_sources` lists those that
+#: differ (tests/unit/test_bfcl_loop.py)
+BFCL_SOURCES = {
+    # the protocol: steps until an empty decode, held-out functions at their turn, MAXIMUM_STEP_LIMIT
+    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_FC": "031e178d94ffbbad94bcda40483931ad1a465c6485850f5e08b4b3aa0370fe9f",
+    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_prompting": "a6a0c35fbc673652a0f592c5a400ff24b811cafa03c3824fd6fa1ce3421a73d4",
+    # the call strings (bfcl_env.call_string) and Qwen FC's decoding into them
+    "model_handler/utils.py:convert_to_function_call": "ccf0ea0cc6893051e8ef9b013e7d8373bc9acc5834729812d08cea35418007ed",
+    "model_handler/local_inference/qwen_fc.py:QwenFCHandler.decode_execute": "0a77fce82e77981752ae00ae6126711e2017abcfad269e648edb516927018c7a",
+    # instances, result strings, refused names (bfcl_env.BFCLEnv)
+    "eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call": "bbfe4e02aa0a977184f9b0998b6c92937f4a7aa662a220295d03cd0aa25955f1",
+}
+
+
+def check_bfcl_sources() -> list[str]:
+    """The :data:`BFCL_SOURCES` whose installed source is not the pinned one (empty: bfcl-eval as pinned)."""
+    return changed_sources(BFCL_SOURCES, package="bfcl_eval")
 
 
 def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:

@@ -523,17 +523,22 @@ def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monke
 
 
 def test_the_bfcl_sources_followed_are_the_pinned_ones():
-    assert bfcl_env.changed_bfcl_sources() == [], "bfcl-eval changed: re-check recipe/mrtpo/agent/bfcl_env.py"
+    from recipe.mrtpo import verl_seam
+
+    def bfcl_source(name):
+        return verl_seam.named_source(name, package="bfcl_eval")
+
+    assert verl_seam.check_bfcl_sources() == [], "bfcl-eval changed: re-check recipe/mrtpo/agent/bfcl_env.py"
     # the restated lines, as BFCL writes them
-    conv = bfcl_env.bfcl_source("model_handler/utils.py:convert_to_function_call")
+    conv = bfcl_source("model_handler/utils.py:convert_to_function_call")
     assert "f\"{key}({','.join([f'{k}={repr(v)}' for k,v in value.items()])})\"" in conv  # call_string
-    exe = bfcl_env.bfcl_source("eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call")
+    exe = bfcl_source("eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call")
     assert str(list(bfcl_env.FORBIDDEN_NAMES)).replace("'", '"') in exe
     for line in ('instance_name = (\n            f"{model_name}_{test_entry_id}_{class_name}_instance"',  # why fresh instances
                  "class_instance._load_scenario(\n                    copy.deepcopy(class_initial_config), long_context=long_context",
                  'execution_results.append(f"Error during execution: {str(e)}")', "func_call_result = json.dumps(func_call_result)"):
         assert line in exe, line
-    fc = bfcl_env.bfcl_source("model_handler/base_handler.py:BaseHandler.inference_multi_turn_FC")
+    fc = bfcl_source("model_handler/base_handler.py:BaseHandler.inference_multi_turn_FC")
     assert "if count > MAXIMUM_STEP_LIMIT:" in fc and "force_quit = True" in fc and "DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC" in fc
     assert 'long_context=("long_context" in test_category or "composite" in test_category)' in fc
     from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT

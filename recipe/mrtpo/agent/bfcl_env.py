@@ -62,9 +62,8 @@ from typing import Any, Optional
 # (:mod:`.bfcl_process`) imports this module and must start fast (the tasks package takes seconds).
 
 __all__ = [
-    "AGENT_NAME", "ROW_FIELDS", "REFUSED_CLASSES", "FORBIDDEN_NAMES", "BFCL_SOURCES", "BFCLEntry", "BFCLEntryError",
-    "BFCLEnv", "StepDecode", "ExecResult", "bfcl_source", "changed_bfcl_sources", "parse_entry", "tools_of_row",
-    "injected_turn", "decode_step", "call_string",
+    "AGENT_NAME", "ROW_FIELDS", "REFUSED_CLASSES", "FORBIDDEN_NAMES", "BFCLEntry", "BFCLEntryError", "BFCLEnv",
+    "StepDecode", "ExecResult", "parse_entry", "tools_of_row", "injected_turn", "decode_step", "call_string",
 ]
 
 #: the agent-loop name rows choose the BFCL loop with (``agent_name``; registered by :mod:`.bfcl_loop`)
@@ -79,43 +78,8 @@ REFUSED_CLASSES = frozenset({"WebSearchAPI", "MemoryAPI_kv", "MemoryAPI_vector",
 FORBIDDEN_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 MAX_ENTRY_CHARS = 5_000_000  # a test entry's JSON (long_context entries are the largest, ~100 kB)
 
-#: the bfcl-eval 2026.3.23 functions this module restates or follows, ``file:qualname`` (relative to the package)
-#: -> sha256 of the dedented source, read with ``ast`` (the model handlers cannot be imported without their
-#: heavy dependencies); :func:`changed_bfcl_sources` lists those that differ (tests/unit/test_bfcl_loop.py)
-BFCL_SOURCES = {
-    # the protocol: steps until an empty decode, held-out functions at their turn, MAXIMUM_STEP_LIMIT
-    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_FC": "031e178d94ffbbad94bcda40483931ad1a465c6485850f5e08b4b3aa0370fe9f",
-    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_prompting": "a6a0c35fbc673652a0f592c5a400ff24b811cafa03c3824fd6fa1ce3421a73d4",
-    # the call strings (call_string) and Qwen FC's decoding into them
-    "model_handler/utils.py:convert_to_function_call": "ccf0ea0cc6893051e8ef9b013e7d8373bc9acc5834729812d08cea35418007ed",
-    "model_handler/local_inference/qwen_fc.py:QwenFCHandler.decode_execute": "0a77fce82e77981752ae00ae6126711e2017abcfad269e648edb516927018c7a",
-    # instances, result strings, refused names (BFCLEnv)
-    "eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call": "bbfe4e02aa0a977184f9b0998b6c92937f4a7aa662a220295d03cd0aa25955f1",
-}
-
-
-def bfcl_source(name: str) -> str:
-    """The dedented source of ``file:qualname`` in the installed bfcl-eval, read without importing it."""
-    import ast
-    import importlib.util
-    import textwrap
-    from pathlib import Path
-
-    rel, qual = name.split(":")
-    root = Path(list(importlib.util.find_spec("bfcl_eval").submodule_search_locations)[0])
-    text = (root / rel).read_text()
-    node: Any = ast.parse(text)
-    for part in qual.split("."):
-        node = next(n for n in ast.iter_child_nodes(node)
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part)
-    return textwrap.dedent(ast.get_source_segment(text, node))
-
-
-def changed_bfcl_sources() -> list[str]:
-    """The :data:`BFCL_SOURCES` whose installed source is not the pinned one (empty: bfcl-eval as pinned)."""
-    import hashlib
-
-    return [n for n, sha in BFCL_SOURCES.items() if hashlib.sha256(bfcl_source(n).encode()).hexdigest() != sha]
+# The bfcl-eval functions this module restates or follows are pinned, with the loop's other reliances, in
+# recipe.mrtpo.verl_seam (BFCL_SOURCES; checked by tests/unit/test_bfcl_loop.py).
 
 
 class BFCLEntryError(ValueError):
