@@ -367,7 +367,7 @@ def sdpo_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "",
     return TensorDict(
         {
             "teacher_topk_logprobs": out["topk_logprobs"],
-            "teacher_topk_ids": out["topk_ids"],
+            "teacher_topk_ids": out["topk_ids"].to(torch.int32),  # < 2^31 token ids; half the bytes of k = 100 ids
             "teacher_token_logprobs": out["token_logprobs"],
             "teacher_forwards": _pass_counts(out, R),
             "teacher_fingerprint": fp,

@@ -265,6 +265,7 @@ def test_sdpo_settings_are_refused_before_ray():
     for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                      ("distillation.enabled=True", "distillation.enabled=False"),
                      ("algorithm.use_kl_in_reward=True", "use_kl_in_reward=True has no effect with method sdpo"),
+                     ("algorithm.norm_adv_by_std_in_grpo=False", "norm_adv_by_std_in_grpo=False has no effect with method sdpo"),
                      ("mrtpo.sdpo_alpha=1.5", "sdpo_alpha must be in")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(*base, bad))

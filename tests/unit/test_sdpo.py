@@ -329,7 +329,7 @@ def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(qwe
         s_lp = direct(student, rollout[r, 3:].tolist(), responses[r, :n], temp)
         t_lp = direct(teacher_model, p_all[r].tolist(), responses[r, :n], temp)
         ids = torch.topk(s_lp, k, -1).indices
-        assert torch.equal(got["teacher_topk_ids"][r, :n], ids)
+        assert torch.equal(got["teacher_topk_ids"][r, :n].long(), ids)
         assert torch.allclose(got["teacher_topk_logprobs"][r, :n], t_lp.gather(-1, ids), atol=1e-4)
         assert torch.allclose(got["teacher_token_logprobs"][r, :n], t_lp.gather(-1, responses[r, :n, None])[:, 0], atol=1e-4)
         assert (got["teacher_topk_ids"][r, n:] == 0).all()

@@ -30,7 +30,7 @@ def check_sdpo(config, method: Method, cfg) -> None:
     """verl settings SDPO's loss would silently ignore or cannot run with, refused with what to change.
 
     SDPO's loss replaces verl's policy loss (it keeps verl's KL loss and entropy bonus, ``loss.sdpo_loss``), so
-    the KL-in-reward (the advantage is not trained on) would do nothing; the EMA teacher swaps FSDP2's local shards (``ema.py``), so the actor runs FSDP2; ``distillation.enabled``
+    the advantage's settings (KL in the reward, no std normalisation) would do nothing; the EMA teacher swaps FSDP2's local shards (``ema.py``), so the actor runs FSDP2; ``distillation.enabled``
     would start verl's teacher servers besides the self-teacher.
     """
     arr = "actor_rollout_ref.actor"
@@ -38,9 +38,10 @@ def check_sdpo(config, method: Method, cfg) -> None:
     if dist is not None and bool(dist.get("enabled", False)):
         raise ValueError("method sdpo (mrtpo.mode=sdpo) is the actor's own teacher: leave distillation.enabled=False "
                          "(True starts verl's teacher servers)")
-    if bool(get_key(config, "algorithm.use_kl_in_reward", False)):
-        raise ValueError("algorithm.use_kl_in_reward=True has no effect with method sdpo: it trains on no advantage "
-                         "(the distillation loss replaces the policy loss)")
+    for key, inert in (("algorithm.use_kl_in_reward", True), ("algorithm.norm_adv_by_std_in_grpo", False)):
+        if bool(get_key(config, key, not inert)) == inert:
+            raise ValueError(f"{key}={inert} has no effect with method sdpo: it trains on no advantage "
+                             "(the distillation loss replaces the policy loss)")
     strategy = str(get_key(config, f"{arr}.strategy", "fsdp"))
     if strategy != "fsdp2":
         raise ValueError(f"{arr}.strategy={strategy} is not supported with method sdpo: its EMA teacher swaps FSDP2's "
