@@ -286,6 +286,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             if lost:
                 raise RuntimeError(f"SDPO: the run resumed from {lost}, which holds no EMA teacher ({SDPO_TEACHER_DIR}/): "
                                    "the teacher cannot be restored. Resume from an SDPO checkpoint or start a new run")
+            self._sdpo_reshard()  # the local shards, not the root's gathered parameters (FSDP2 after a no-grad forward)
             teacher = self._sdpo_ema = EMATeacher.from_module(self.actor.engine.module)
         return teacher
 
@@ -311,6 +312,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         teacher = self._sdpo_teacher()  # before the update: the first step's teacher is the initial policy
         tu.assign_non_tensor(data, **batch_settings(settings))
         out = super().update_actor(data)
+        self._sdpo_reshard()
         teacher.update(self.actor.engine.module, float(settings["ema_rate"]))
         return out
 
@@ -334,6 +336,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         if state is not None:
             from recipe.mrtpo.methods.sdpo.ema import EMATeacher
 
+            self._sdpo_reshard()
             self._sdpo_ema, self._sdpo_resumed_without = EMATeacher.from_state_dict(state, self.actor.engine.module), None
         else:
             self._sdpo_ema, self._sdpo_resumed_without = None, local_path

@@ -112,7 +112,8 @@ def rank_main(rank: int, world: int, workdir: Path) -> None:
     torch.save(out, workdir / f"rank{rank}.pt")
     torch.save(_teacher(model, ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"teacher{rank}.pt")
     # SDPO's EMA teacher swapped into the FSDP2 shards after the no-grad passes above (FSDP2 keeps the root's
-    # parameters gathered after a no-grad forward: the swap reshards first; without it the forward fails), then
+    # parameters gathered after a no-grad forward: the swap reshards first; without it the root's parameters are the
+    # gathered ones, which the teacher's shape check refuses), then
     # the student's weights back
     teacher = tiny_qwen2(seed=1)
     for layer in teacher.model.layers:

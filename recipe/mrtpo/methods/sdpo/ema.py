@@ -12,8 +12,10 @@ the body with the teacher's weights and exchanges them back, also on an error. T
 sharded copy of the parameters (the optimizer state is 2-3 such copies), against a second module's
 copy plus its FSDP buffers.
 
-FSDP2 keeps the root module's parameters unsharded after a no-grad forward; ``reshard`` (the worker passes
-``FSDPModule.reshard``) is called before each exchange, so the next forward gathers the swapped shards.
+FSDP2 keeps the root module's parameters unsharded after a no-grad forward (``named_parameters()`` then gives
+the gathered tensors); ``reshard`` (the worker passes ``FSDPModule.reshard``) is called before each exchange,
+so the exchange sees the shards and the next forward gathers the swapped ones; the worker also reshards
+before taking, updating or restoring the teacher. A shard of the wrong shape is refused, never exchanged.
 """
 
 from __future__ import annotations
