@@ -19,6 +19,9 @@
 #                      opsd    gdpo + mrtpo.mode=opsd         (on-policy self-distillation baseline: the policy under
 #                              P_all teaches the policy under the rollout prompt, verl's distillation loss added to
 #                              GDPO's policy loss; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef, docs/opsd.md)
+#                      rlsd    gdpo + mrtpo.mode=rlsd         (GDPO's advantage reweighted per token by the P_all teacher)
+#                      sdpo    gdpo + mrtpo.mode=sdpo         (SDPO: JSD to an EMA teacher under P_all over the student's
+#                              top-100 + tail, no RL term; knobs mrtpo.sdpo_*, docs/opsd.md)
 #                    A knob the method does not read (say mrtpo.beta=0.3 with ALGO=gdpo) is refused before Ray starts.
 #   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
 #   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)

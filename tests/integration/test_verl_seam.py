@@ -152,3 +152,19 @@ def test_the_agent_loops_mirrored_lines_are_upstream():
     align = verl_seam.named_source("verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata")
     assert "aligned_mask += [1] * merge_result.appended_token_count" in align
     assert "aligned_mask += [0] * merge_result.appended_token_count" in align and "[0] * inserted_token_count" in align
+
+
+def test_the_verl_code_sdpo_relies_on_is_the_pinned_one():
+    """SDPO's loss and EMA teacher rely on verl's distillation-loss registry and loss path, the v1 trainer's
+    checkpoint calls and the worker's update / checkpoint methods (verl_seam.SDPO_SOURCES)."""
+    assert verl_seam.check_sdpo_sources() == [], "verl changed: re-check recipe/mrtpo/methods/sdpo/ and worker.py (SDPO)"
+    # the lines SDPO's loss and checkpoint rely on, in verl's text
+    loss = verl_seam.named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
+    assert "if not distillation_loss_config.use_task_rewards and not distillation_loss_config.use_policy_gradient:" in loss
+    assert "return compute_topk_loss(config, distillation_config, data, student_logits, data_format)" in loss
+    save = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")
+    assert 'actor_local_path = os.path.join(local_global_step_folder, "actor")' in save
+    load = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint")
+    assert 'local_path=os.path.join(global_step_folder, "actor")' in load
+    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out

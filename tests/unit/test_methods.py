@@ -23,7 +23,7 @@ def test_the_registrys_modes_are_the_configs():
 
 def test_every_named_hook_loads_a_function_of_its_method_package():
     hooks = {name: m.after_step for name, m in methods.METHODS.items() if m.after_step is not None}
-    assert set(hooks) == {"opsd"}
+    assert set(hooks) == {"opsd", "sdpo"}
     for name, hook in hooks.items():
         assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{name}")
         assert callable(hook.load())
@@ -33,7 +33,7 @@ def test_the_registry_imports_no_torch_or_verl():
     """Importing the registry in a fresh interpreter loads neither torch nor verl nor the OPSD glue."""
     code = ("import sys; import recipe.mrtpo.methods as m; m.resolve; "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('torch', 'verl', 'omegaconf') "
-            "or k.startswith('recipe.mrtpo.methods.opsd.') or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
+            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.')) or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -55,10 +55,10 @@ def test_the_command_line_lists_overrides_and_knobs():
 
 
 def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_privileged_information():
-    """OPSD and RLSD (and no other method) read mrtpo.teacher_template and carry a no-privileged line, logged
+    """OPSD, RLSD and SDPO (and no other method) read mrtpo.teacher_template and carry a no-privileged line, logged
     only on a step whose mrtpo/rows_privileged is 0; RLSD's is GDPO exactly only with the live teacher."""
     teachers = {n for n, m in methods.METHODS.items() if m.self_teacher}
-    assert teachers == {"opsd", "rlsd"}
+    assert teachers == {"opsd", "rlsd", "sdpo"}
     assert {n for n, m in methods.METHODS.items() if "teacher_template" in m.reads} == teachers
     rlsd, opsd, gdpo = methods.get("rlsd"), methods.get("opsd"), methods.get("gdpo")
     line = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 0.0}, 1)
@@ -67,6 +67,8 @@ def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_p
     initial = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 1.0}, 1)
     assert "= GDPO here" not in initial and "initial policy" in initial
     assert "GDPO here" in methods.no_privileged_line(opsd, {"mrtpo/rows_privileged": 0}, 3)
+    sdpo = methods.no_privileged_line(methods.get("sdpo"), {"mrtpo/rows_privileged": 0}, 2)
+    assert "GDPO" not in sdpo and "EMA" in sdpo  # no RL term: SDPO is never GDPO
     assert methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 2}, 1) is None
     assert methods.no_privileged_line(rlsd, {}, 1) is None  # not measured (the pass did not run)
     assert methods.no_privileged_line(gdpo, {"mrtpo/rows_privileged": 0}, 1) is None
