@@ -338,3 +338,32 @@ def test_multi_turn_options_are_refused_where_they_do_nothing(argv, message, tmp
     with pytest.raises(SystemExit):
         E.main([*argv, "--model", "m", "--out", str(tmp_path / "o.json")])
     assert message in capsys.readouterr().err
+
+
+def test_the_loops_spans_reach_the_viewer(data, tools_model, tools_tok):
+    """The spans the real loop records (``bfcl_spans``), as the trainer's dump keeps them (``dump.loop_spans``),
+    mark the tool results and injected user turns in the heatmap, and only them."""
+    import torch
+
+    from recipe.mrtpo.dump import loop_spans
+    from recipe.mrtpo.tools.viz.render import render_html
+    from recipe.mrtpo.tools.viz.view import normalise_dump
+
+    items = [it for it in _items(data) if it.category == "miss_func"]  # tool results and an injected turn
+    runner = MT.MultiTurnRunner(ScriptedGenerator(tools_tok, _items(data)), 4096, None, "end_turn", model_type="qwen2")
+    [[gen]] = runner.generate_items(items)
+    spans = gen.loop["spans"]
+    T = spans[-1][2]
+    mask = torch.zeros(1, T, dtype=torch.long)
+    for kind, s, e, *_ in spans:
+        mask[0, s:e] = int(kind == "model")
+    raw = {"step": 1, "beta": 0.5, "reward_names": ["state"], "scores": torch.ones(1, 1), "response_mask": mask,
+           "response_tokens": [[str(t) for t in range(T)]], "spans": loop_spans([spans], 1, T)}
+    d = normalise_dump(raw)
+    expect = [""] * T
+    for kind, s, e, *_ in spans:
+        for t in range(s, e):
+            expect[t] = "" if kind == "model" else kind
+    assert {"tool", "user"} <= set(expect) and d.kinds[0] == expect
+    page = render_html(d)
+    assert page.count('data-span="tool"') == expect.count("tool")  # one reward row, no advantage row in this dump

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+from recipe.mrtpo.dump import SPANS_KEY  # the loop's spans, as the trainer's dumps read them
 from recipe.mrtpo.tools.eval.generation import Generation
 from recipe.mrtpo.tools.eval.items import EvalError, Item
 
@@ -222,4 +223,4 @@ class MultiTurnRunner:
         # the verifier reads the trajectory record, never this text
         text = self.generator.tok.decode(out.response_ids, skip_special_tokens=False)
         return Generation(text=text, n_tokens=int(sum(out.response_mask)), finished=loop_info["end"] == "completed",
-                          trajectory=extra["bfcl_trajectory"], loop={**loop_info, "spans": extra["bfcl_spans"]})
+                          trajectory=extra["bfcl_trajectory"], loop={**loop_info, "spans": extra[SPANS_KEY]})
