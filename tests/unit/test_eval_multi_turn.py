@@ -212,7 +212,14 @@ def test_gold_calls_through_the_loop_pass_bfcls_verdict_and_no_calls_fail_it(dat
     assert result["metrics"]["bfcl_error_types"] == {"multi_turn:empty_turn_model_response": 3}
 
 
-def test_running_trajectories_share_generation_batches(data, tools_model, tools_tok):
+@pytest.fixture()
+def patient(monkeypatch):
+    """Batches go only when every running trajectory waits (no wall-clock flush): batch sizes then do not
+    depend on the machine's load."""
+    monkeypatch.setattr(MT, "_WAIT_S", 3600.0)
+
+
+def test_running_trajectories_share_generation_batches(data, tools_model, tools_tok, patient):
     items = _items(data)
     gen = ScriptedGenerator(tools_tok, items)
     runner = MT.MultiTurnRunner(gen, response_length=4096, max_step_tokens=None, on_decode_error="end_turn",
@@ -273,7 +280,7 @@ def _fake_vllm(calls: dict, reply_ids: list[int]) -> types.ModuleType:
     return mod
 
 
-def test_vllm_generator_through_the_loop(data, tools_model, tools_tok, monkeypatch, tmp_path):
+def test_vllm_generator_through_the_loop(data, tools_model, tools_tok, monkeypatch, tmp_path, patient):
     calls: dict = {}
     reply = tools_tok.encode("I cannot help.", add_special_tokens=False) + [IM_END]
     monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(calls, reply))

@@ -50,7 +50,9 @@ NO_TOOL_CUT = 1 << 40
 #: command line does not import verl; a test checks they agree)
 ON_DECODE_ERROR = ("feedback", "end_turn")
 DEFAULT_RESPONSE_LENGTH = 16384  # tokens of a whole trajectory; long_context's tool outputs need room
-_WAIT_S = 0.05  # how long a request waits for the other running trajectories' requests to join its batch
+#: how long the oldest request waits for the other running trajectories' requests before its batch goes anyway
+#: (a batch goes at once when every running trajectory is waiting); only a slow tool call makes it act
+_WAIT_S = 1.0
 
 
 def loop_knobs(on_decode_error: str, max_step_tokens: Optional[int]) -> dict:
@@ -89,8 +91,9 @@ class BatchingServer:
     """
 
     def __init__(self, generate_ids: Callable[[list, list], list], batch_size: int, running: Callable[[], int],
-                 wait_s: float = _WAIT_S):
-        self.generate_ids, self.batch_size, self.running, self.wait_s = generate_ids, batch_size, running, wait_s
+                 wait_s: Optional[float] = None):
+        self.generate_ids, self.batch_size, self.running = generate_ids, batch_size, running
+        self.wait_s = _WAIT_S if wait_s is None else wait_s
         self.pending: list[tuple[list[int], int, asyncio.Future]] = []
         self.batches: list[int] = []  # sizes of the batches sent (tests and the result's stats read them)
         self._timer: Optional[asyncio.TimerHandle] = None
