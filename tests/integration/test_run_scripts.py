@@ -351,7 +351,7 @@ def test_two_seeds_never_share_a_checkpoint_folder(tmp_path, dry_runs, smoke_run
         for run in runs.values():
             res = run["res"] if isinstance(run, dict) else run
             dirs.append(yaml.safe_load(res.stdout)["trainer"]["default_local_dir"])
-    assert len(set(dirs)) == len(dirs) == 2 + 9 + 9
+    assert len(set(dirs)) == len(dirs) == 2 + 2 * len(DRY_RUNS)
 
 
 def test_dry_run_refuses_what_a_launch_refuses_in_one_line(tmp_path):
