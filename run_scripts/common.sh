@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared logic of the per-(model, task) run scripts (run_scripts/qwen{1.5b,3b,7b}_{ifbench,text2sql,toolcall}.sh).
+# Shared logic of the per-(model, task) run scripts
+# (run_scripts/qwen{1.5b,3b,7b}_{ifbench,text2sql,toolcall,toolcall_multiturn}.sh).
 # Sourced, never run: a per-model script is `source common.sh` + `mrtpo_launch <size> <task> "$@"`.
 #
 # It composes one command line
@@ -159,6 +160,8 @@ _mrtpo_size() {
 # defaults are the offline sets (DATA_SET=offline), _mrtpo_data_set switches them for the other data sets.
 _mrtpo_task() {
   TRAIN_BATCH=512  # prompts per step (GDPO's tool-calling setup); a data set smaller than that sets its own
+  MAX_RESPONSE_LENGTH=1024  # GDPO's tool-calling setup; a multi-turn trajectory sets its own
+  TASK_ARGS=()     # overrides only one task needs (the multi-turn agent loop's)
   case "$1" in
     ifbench)
       # Train: multi-constraint prompts (one reward per constraint); validate on IFEval and IFBench.
@@ -185,7 +188,28 @@ _mrtpo_task() {
       MAX_PROMPT_LENGTH=2048
       TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data"
       ;;
-    *) mrtpo_die "unknown task '$1' (ifbench | text2sql | toolcall)" ;;
+    toolcall_multiturn)
+      # BFCL v4 multi-turn (base, long_context, miss_func, miss_param), split by scenario (408 train / 392 test
+      # rows; BFCL's evaluation data, docs/data.md), played by the bfcl_multi_turn agent loop (rows choose it by
+      # agent_name; its knobs in recipe/mrtpo/config/bfcl_agent_loop.yaml); rewards state / response / format /
+      # irrelevance from BFCL's checker (docs/design.md section 7).
+      MODEL_DEFAULT="Qwen/Qwen2.5-${MODEL_SIZE}-Instruct"
+      TRAIN_DEFAULT="data/bfcl_multi_turn/train.parquet"
+      VAL_DEFAULT="data/bfcl_multi_turn/test.parquet"
+      MAX_PROMPT_LENGTH=8192   # the first turn with the function docs of up to 3 backends (tools=)
+      MAX_RESPONSE_LENGTH=8192 # the whole trajectory: model steps, tool results and injected turns of up to 7 turns
+      TRAIN_BATCH=128          # 408 training rows: 3 steps an epoch (verl's loader drops the last partial batch)
+      TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data --only bfcl_multi_turn"
+      TASK_ARGS=(
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path=$MRTPO_ROOT/recipe/mrtpo/config/bfcl_agent_loop.yaml"
+        # rows choose the loop by agent_name; a row without one runs it too (the loop refuses a non-BFCL row)
+        actor_rollout_ref.rollout.agent.default_agent_loop=bfcl_multi_turn
+        # verl cuts tool results at 256 characters by default, which cuts many of BFCL's (BFCL cuts nothing;
+        # long_context's outputs are long by design): 16k characters, the rest cut in the middle (counted)
+        actor_rollout_ref.rollout.multi_turn.max_tool_response_length=16384
+      )
+      ;;
+    *) mrtpo_die "unknown task '$1' (ifbench | text2sql | toolcall | toolcall_multiturn)" ;;
   esac
   _mrtpo_data_set "$1"
 }
@@ -293,7 +317,7 @@ _mrtpo_smoke() {
 
 # mrtpo_launch SIZE TASK [extra Hydra overrides...]: compose and run (or, with DRY_RUN=1, print) the config.
 mrtpo_launch() {
-  [ $# -ge 2 ] || mrtpo_die "usage: mrtpo_launch <1.5b|3b|7b> <ifbench|text2sql|toolcall> [overrides...]"
+  [ $# -ge 2 ] || mrtpo_die "usage: mrtpo_launch <1.5b|3b|7b> <ifbench|text2sql|toolcall|toolcall_multiturn> [overrides...]"
   local size="$1" task="$2"
   shift 2
   DRY_RUN_ON="$(mrtpo_flag DRY_RUN "${DRY_RUN:-0}")" || exit 1
@@ -340,7 +364,7 @@ mrtpo_launch() {
     "data.val_files=$val_list"
     "data.train_batch_size=$TRAIN_BATCH"      # prompts per step: 512 (GDPO's tool-calling setup; x n = 2048 responses), Chinook 128
     "data.max_prompt_length=$MAX_PROMPT_LENGTH"  # 2048 as GDPO; 4096 for SQL schemas
-    data.max_response_length=1024             # GDPO's tool-calling setup
+    "data.max_response_length=$MAX_RESPONSE_LENGTH"  # 1024 (GDPO's tool-calling setup); 8192 for multi-turn trajectories
     data.filter_overlong_prompts=True         # drop (and count) prompts over max_prompt_length instead of failing
     data.truncation=error
     # --- model -----------------------------------------------------------------------------------------
@@ -398,7 +422,7 @@ mrtpo_launch() {
     "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
   )
 
-  args+=("${SEED_ARGS[@]}")
+  args+=("${TASK_ARGS[@]}" "${SEED_ARGS[@]}")
   _mrtpo_read_only args
   if [ -n "$smoke" ]; then
     _mrtpo_smoke "$((nnodes * ngpus))"

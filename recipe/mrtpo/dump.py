@@ -28,7 +28,14 @@ response_ids        int [n, T]               the sampled token ids
 response_tokens     list[list[str]], n x T   each id decoded alone
 contexts            list[dict], n            per reward name: its Z_k (``{"text", "placement"}``, §2)
 metrics             dict[str, float]         the step's ``mrtpo/`` metrics
+spans               list[list], n or empty   agent-loop responses: per response its spans that the model did not
+                                             generate, ``[kind, start, end]`` over positions < T, kind ``tool``
+                                             (tool results, error feedback) or ``user`` (injected user turns);
+                                             from the BFCL loop's ``bfcl_spans`` (:func:`loop_spans`); empty
+                                             for one-turn responses
 =================== ======================== ==================================================
+
+Older dumps lack ``spans``; the viewer then marks every masked position alike.
 """
 
 from __future__ import annotations
@@ -41,12 +48,17 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["DUMP_NAME", "DumpError", "RelevanceDump", "as_tensor", "check_dump", "dump_path", "find_dump",
-           "load_dump", "write_dump"]
+__all__ = ["DUMP_NAME", "DumpError", "RelevanceDump", "SPAN_KINDS", "SPANS_KEY", "as_tensor", "check_dump", "dump_path",
+           "find_dump", "load_dump", "loop_spans", "write_dump"]
 
 #: File name of one step's dump; group 1 is the step.
 DUMP_NAME = re.compile(r"^step_(\d+)\.pt$")
 REQUIRED = ("reward_names", "scores", "response_mask")
+#: the agent loop's per-response spans in verl's ``non_tensor_batch`` (``recipe.mrtpo.agent.bfcl_loop`` writes them as
+#: ``extra_fields["bfcl_spans"]``, ``[kind, start, end, turn, step]``; a test checks the two names agree)
+SPANS_KEY = "bfcl_spans"
+#: the kinds of span a dump keeps: what the model did not generate (``model`` spans are the mask's 1s)
+SPAN_KINDS = ("tool", "user")
 
 
 class DumpError(ValueError):
@@ -72,6 +84,7 @@ class RelevanceDump:
     response_tokens: list[list[str]] = field(default_factory=list)
     contexts: list[dict] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    spans: list[list] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict that is saved (tensors are kept, not copied)."""
@@ -90,6 +103,30 @@ class RelevanceDump:
         if "max_realloc_rms" in raw:
             kwargs["max_realloc_rms"] = raw["max_realloc_rms"]  # None (disabled) is kept
         return cls(**kwargs)
+
+
+def loop_spans(per_response: Any, n: int, T: int) -> list[list]:
+    """The ``spans`` field for the first ``n`` responses (``T`` positions) from the agent loop's per-response
+    spans (``non_tensor_batch[SPANS_KEY]``; None: no agent loop, ``[]``): the :data:`SPAN_KINDS` ones as
+    ``[kind, start, end]``, clipped to ``T``; an entry off its shape is left out (the viewer shows it as masked)."""
+    if per_response is None:
+        return []
+    out = []
+    for i in range(n):
+        row = per_response[i] if i < len(per_response) else None
+        kept = []
+        for e in (list(row) if isinstance(row, (list, tuple)) or hasattr(row, "tolist") else []):
+            e = e.tolist() if hasattr(e, "tolist") else e
+            if not (isinstance(e, (list, tuple)) and len(e) >= 3 and e[0] in SPAN_KINDS):
+                continue
+            try:
+                start, end = max(0, int(e[1])), min(T, int(e[2]))
+            except (TypeError, ValueError):
+                continue
+            if start < end:
+                kept.append([str(e[0]), start, end])
+        out.append(kept)
+    return out
 
 
 def as_tensor(x: Any, name: str, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.render_cache import CachedRender
-from recipe.mrtpo.dump import DumpError, RelevanceDump, write_dump
+from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, fused_check_metrics, run_replay
@@ -403,7 +403,10 @@ class MRTPOTrainer(PPOTrainerSync):
         index = ab.uid
         n = min(len(index), d.max_samples)
         mask = ab.response_mask[:n]
-        T = int(mask.sum(-1).max()) if n else 0
+        # up to the last measured position: an agent loop's mask has holes (tool output, injected turns), so
+        # the count of 1s would cut it short
+        cols = mask.any(0).nonzero()
+        T = int(cols.max()) + 1 if n and cols.numel() else 0
         responses = ab.data.batch["responses"][:n, :T].cpu()
         replayed = replay.replayed if replay is not None else torch.zeros(len(index), len(table.names), dtype=torch.bool)
         dump = RelevanceDump(
@@ -422,6 +425,7 @@ class MRTPOTrainer(PPOTrainerSync):
             response_tokens=[[self.tokenizer.decode([t]) for t in r.tolist()] for r in responses],
             contexts=list(table.contexts[:n]),
             metrics={k: float(v) for k, v in metrics.items() if k.startswith("mrtpo/") and isinstance(v, (int, float))},
+            spans=loop_spans(ab.data.non_tensor_batch.get(SPANS_KEY), n, T),  # the viewer marks tool / user spans
         )
         folder = d.dir or os.path.join(self.config.trainer.default_local_dir, "relevance_dumps")
         try:

@@ -1,4 +1,4 @@
-"""The per-(model, task) run scripts (run_scripts/qwen*_{ifbench,text2sql,toolcall}.sh + common.sh).
+"""The per-(model, task) run scripts (run_scripts/qwen*_{ifbench,text2sql,toolcall,toolcall_multiturn}.sh + common.sh).
 
 Two kinds of checks, neither of which can start Ray or a training run:
 
@@ -8,8 +8,10 @@ Two kinds of checks, neither of which can start Ray or a training run:
   model and data paths, nodes/GPUs from the environment, hyper-parameters, seeds and the checkpoint folder,
   the extra override winning). ``SMOKE=1 DRY_RUN=1`` composes for every script too; a config the launch
   refuses (``mrtpo.beta=1.5``, a mistyped key) exits non-zero with one line.
-  The ALGO values are spread over the nine scripts so that each value runs at least once (the ALGO
-  switch lives in common.sh, shared by all scripts); the nine runs go two at a time (~10 s each).
+  The ALGO values are spread over the twelve scripts so that each value runs at least once (the ALGO
+  switch lives in common.sh, shared by all scripts); the runs go two at a time (~10 s each). On the
+  multi-turn task every ALGO value runs (its three scripts, then the other values on one of them): the
+  methods compose on the agent loop's settings.
 - launches with a stand-in interpreter (``MRTPO_VENV`` pointing at a fake ``bin/python`` that only
   records its arguments): the real (non-dry) command line, and the errors raised before anything runs.
 """
@@ -29,13 +31,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"
 SIZES = {"1.5b": "1.5B", "3b": "3B", "7b": "7B"}
-TASKS = ("ifbench", "text2sql", "toolcall")
+TASKS = ("ifbench", "text2sql", "toolcall", "toolcall_multiturn")
 ROLLOUT_TP = {"1.5b": 1, "3b": 1, "7b": 1}  # a 7B engine fits one 80 GB GPU
 DEFAULT_DATA = {
     "ifbench": (["data/instruction_following/train.parquet"], ["data/ifeval/test.parquet", "data/ifbench/test.parquet"]),
     "text2sql": (["data/chinook/train.parquet"], ["data/chinook/test.parquet"]),  # DATA_SET=offline
     "toolcall": (["data/bfcl/train.parquet"], ["data/bfcl/test.parquet"]),
+    "toolcall_multiturn": (["data/bfcl_multi_turn/train.parquet"], ["data/bfcl_multi_turn/test.parquet"]),
 }
+# (max_prompt_length, max_response_length) per task: GDPO's 2048 / 1024; SQL schemas; multi-turn trajectories
+LENGTHS = {"ifbench": (2048, 1024), "text2sql": (4096, 1024), "toolcall": (2048, 1024), "toolcall_multiturn": (8192, 8192)}
 # (estimator, mrtpo.mode, mrtpo.shuffle) each ALGO must give; gdpo/grpo leave the replay knobs untouched
 # (the recipe's trainer replays only for adv_estimator=mrtpo).
 ALGO_EXPECT = {
@@ -59,7 +64,11 @@ DRY_RUNS = {
     "qwen7b_ifbench": "gdpo",
     "qwen7b_text2sql": "opsd",
     "qwen7b_toolcall": "rlsd",
+    "qwen1.5b_toolcall_multiturn": "opsd",
+    "qwen3b_toolcall_multiturn": None,
+    "qwen7b_toolcall_multiturn": "cort",
 }
+MULTI_TURN_OTHER_ALGOS = ("grpo", "gdpo", "shuffle")  # with the three above and rlsd (every script): all seven
 # scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
 CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
 EXTRA = ["trainer.test_freq=7", "data.train_batch_size=64"]  # the script sets 10 and 512: the extras must win
@@ -126,7 +135,7 @@ def _dry_run(name: str, algo, workdir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory) -> dict:
-    """All nine dry runs, two at a time (2 cores); {script name: result}."""
+    """All the dry runs, two at a time (2 cores); {script name: result}."""
     base = tmp_path_factory.mktemp("dry")
     for name in DRY_RUNS:
         (base / name).mkdir()
@@ -135,7 +144,7 @@ def dry_runs(tmp_path_factory) -> dict:
         return {n: f.result() for n, f in futures.items()}
 
 
-def test_nine_scripts_exist_and_are_thin():
+def test_twelve_scripts_exist_and_are_thin():
     names = sorted(p.stem for p in SCRIPTS.glob("qwen*.sh"))
     assert names == sorted(DRY_RUNS), names
     for name in names:
@@ -214,12 +223,46 @@ def test_dry_run_config(dry_runs, name):
     # the anchor hyper-parameters (GDPO's tool-calling setup) ...
     assert arr["rollout"]["n"] == 4 and arr["rollout"]["name"] == "vllm"
     assert arr["actor"]["optim"]["lr"] == 1e-6
-    assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == (4096 if task == "text2sql" else 2048, 1024)
+    assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == LENGTHS[task]
+    _check_agent_loop(cfg, task)
     assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, 0.001, "low_var_kl")
     assert cfg["algorithm"]["use_kl_in_reward"] is False
     # ... and the extra overrides, passed last, won over the script's own values
     assert cfg["trainer"]["test_freq"] == 7
     assert cfg["data"]["train_batch_size"] == 64
+
+
+def _check_agent_loop(cfg: dict, task: str) -> None:
+    """The multi-turn scripts run verl's agent loop with the BFCL loop's file; the others leave verl's defaults."""
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    if task != "toolcall_multiturn":
+        assert rollout["agent"]["agent_loop_config_path"] is None and rollout["multi_turn"]["max_tool_response_length"] == 256
+        return
+    path = Path(rollout["agent"]["agent_loop_config_path"])
+    assert path == REPO / "recipe" / "mrtpo" / "config" / "bfcl_agent_loop.yaml" and path.is_file()
+    assert [e["name"] for e in yaml.safe_load(path.read_text())] == [rollout["agent"]["default_agent_loop"]] == ["bfcl_multi_turn"]
+    assert rollout["multi_turn"]["max_tool_response_length"] == 16384  # verl's 256 cuts BFCL's outputs
+    assert (rollout["prompt_length"], rollout["response_length"]) == LENGTHS[task]  # verl derives them from data.*
+
+
+@pytest.mark.parametrize("algo", MULTI_TURN_OTHER_ALGOS)
+def test_every_algo_composes_on_the_multi_turn_task(tmp_path, algo):
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    res = _dry_run("qwen3b_toolcall_multiturn", algo, tmp_path)["res"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = yaml.safe_load(res.stdout)
+    est, mode, shuffle = ALGO_EXPECT[algo]
+    assert (cfg["algorithm"]["adv_estimator"], cfg["mrtpo"]["mode"], cfg["mrtpo"]["shuffle"]) == (est, mode, shuffle)
+    assert check_config(OmegaConf.create(cfg)).name == algo
+    _check_agent_loop(cfg, "toolcall_multiturn")
+
+
+def test_every_multi_turn_dry_run_covers_every_algo():
+    on_multi_turn = {a or "mrtpo" for n, a in DRY_RUNS.items() if n.endswith("_multiturn")}
+    assert on_multi_turn | set(MULTI_TURN_OTHER_ALGOS) | {"rlsd"} == set(ALGO_EXPECT)
 
 
 def test_every_algo_is_dry_run():
@@ -240,7 +283,7 @@ def test_algo_list_is_the_methods_registry():
 
 @pytest.mark.parametrize("name", sorted(DRY_RUNS))
 def test_rlsd_composes_in_every_script(tmp_path, name):
-    """ALGO=rlsd composes in all nine scripts, and the composed config resolves to RLSD before Ray."""
+    """ALGO=rlsd composes in all twelve scripts, and the composed config resolves to RLSD before Ray."""
     from omegaconf import OmegaConf
 
     from recipe.mrtpo.main_mrtpo import check_config
@@ -263,7 +306,7 @@ SMOKE_SEEDS = {name: i for i, name in enumerate(sorted(DRY_RUNS))}
 
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory) -> dict:
-    """``SMOKE=1 DRY_RUN=1`` of all nine scripts, two at a time; {script name: CompletedProcess}."""
+    """``SMOKE=1 DRY_RUN=1`` of all twelve scripts, two at a time; {script name: CompletedProcess}."""
     base = tmp_path_factory.mktemp("smoke")
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {n: pool.submit(_plain_dry_run, n, base, SMOKE="1", SEED=str(k)) for n, k in SMOKE_SEEDS.items()}
@@ -295,7 +338,7 @@ def test_smoke_dry_run_composes_the_preset(smoke_runs, name):
 
 def test_two_seeds_never_share_a_checkpoint_folder(tmp_path, dry_runs, smoke_runs):
     """Seeds 1 and 2 of one method under a hand-given EXPERIMENT_NAME, beside the default-named runs (seed 0 of
-    the plain dry runs, seeds 0-8 of the smoke runs): every run has its own checkpoint folder, named by its seed."""
+    the plain dry runs, seeds 0-11 of the smoke runs): every run has its own checkpoint folder, named by its seed."""
     dirs = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {seed: pool.submit(_plain_dry_run, "qwen1.5b_ifbench", tmp_path, SEED=seed, EXPERIMENT_NAME="my_run")
@@ -313,7 +356,7 @@ def test_two_seeds_never_share_a_checkpoint_folder(tmp_path, dry_runs, smoke_run
         for run in runs.values():
             res = run["res"] if isinstance(run, dict) else run
             dirs.append(yaml.safe_load(res.stdout)["trainer"]["default_local_dir"])
-    assert len(set(dirs)) == len(dirs) == 2 + 9 + 9
+    assert len(set(dirs)) == len(dirs) == 2 + 2 * len(DRY_RUNS)
 
 
 def test_dry_run_refuses_what_a_launch_refuses_in_one_line(tmp_path):

@@ -461,3 +461,56 @@ def test_chromium_check_catches_a_broken_script(chromium, tmp_path):
     assert 'data-viz-ready="1"' not in body
     errs = _console_errors(r.stderr)
     assert any("boom" in e for e in errs) and any("SyntaxError" in e for e in errs), r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Agent-loop responses: tool and user spans (the dump's ``spans``, from the BFCL loop's ``bfcl_spans``)
+# ----------------------------------------------------------------------------------------------
+def _agent_dump(spans) -> dict:
+    """Response 0 of an agent loop: model 0-1, tool 2-3, model 4, user 5, model 6; response 1 one-turn."""
+    raw = hostile_dump()
+    raw["response_mask"] = torch.tensor([[1, 1, 0, 0, 1, 0, 1], [1, 1, 1, 1, 0, 0, 0]])
+    raw["spans"] = spans
+    return raw
+
+
+def _marks(page: str) -> list[list[tuple[str, str]]]:
+    """Per sample, the (span kind, note) of every token of its first reward row."""
+    out = []
+    for section in parse(page).root.by_class("sample"):
+        row = section.by_class("reward-row")[0]
+        out.append([(s.attrs.get("data-span", "masked" if "masked" in s.classes else ""), s.attrs["title"].split("\n")[-1])
+                    for s in row.by_class("tok")])
+    return out
+
+
+def test_tool_and_user_spans_are_marked_and_never_measured():
+    page = viz.render_html(normalise_dump(_agent_dump([[["model", 0, 2], ["tool", 2, 4], ["model", 4, 5], ["user", 5, 6],
+                                                        ["model", 6, 7]], []])))
+    marks = _marks(page)
+    assert [k for k, _ in marks[0]] == ["", "", "tool", "tool", "", "user", ""]
+    assert marks[0][2][1] == viz.SPAN_NOTES["tool"] and marks[0][5][1] == viz.SPAN_NOTES["user"]
+    assert [k for k, _ in marks[1]] == ["", "", "", ""]  # up to its last measured token; no spans
+    # the marked tokens carry no q and no weight, in every row, the advantage row included
+    root = parse(page).root
+    for s in root.by_class("span-tool") + root.by_class("span-user"):
+        assert "data-q" not in s.attrs and "data-w" not in s.attrs and "data-adv" not in s.attrs
+    assert len(root.by_class("span-tool")) == 2 * (2 + 1) + 1  # 2 tokens x (2 rewards + advantage) + the legend
+    assert "agent-loop responses" in page
+
+
+@pytest.mark.parametrize("spans", [
+    None,  # a dump written before spans
+    [],
+    [[["tool", 0, 7]], []],  # over measured positions: those stay measured
+    [[["evil<script>", 2, 4], ["tool", "x", 4], ["tool", 4, 2], ["user", -5, 3], "junk", None], "junk"],
+])
+def test_spans_off_their_shape_never_mark_a_measured_token_nor_fail(spans):
+    d = normalise_dump(_agent_dump(spans))
+    page = viz.render_html(d)
+    marks = _marks(page)
+    measured = [t for t, v in enumerate(d.mask[0].tolist()) if v]
+    assert all(marks[0][t][0] == "" for t in measured)
+    assert "evil<script>" not in page
+    if spans and spans[0] and spans[0][0][0] == "tool":  # the one well-formed span marks the masked positions inside
+        assert [k for k, _ in marks[0]] == ["", "", "tool", "tool", "", "tool", ""]

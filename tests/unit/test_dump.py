@@ -158,3 +158,21 @@ def test_check_dump_fills_what_is_optional():
         RelevanceDump.from_dict(raw)
     with pytest.raises(DumpError, match="a dump is a dict, got list"):
         check_dump([raw])
+
+
+def test_loop_spans_keep_what_the_model_did_not_generate():
+    from recipe.mrtpo.dump import loop_spans
+
+    loop = [[["model", 0, 3, 0, 0], ["tool", 3, 9, 0, 0], ["model", 9, 12, 0, 1], ["user", 12, 20, 1, -1]],
+            [["model", 0, 5, 0, 0]]]
+    assert loop_spans(loop, 2, 15) == [[["tool", 3, 9], ["user", 12, 15]], []]  # clipped to T
+    assert loop_spans(loop, 1, 15) == [[["tool", 3, 9], ["user", 12, 15]]]  # the first n
+    assert loop_spans(None, 2, 15) == []  # no agent loop: nothing
+    # hostile entries are left out, never raised on
+    assert loop_spans([[["tool", "a", 3], ["evil", 0, 2], "x", ["user", 5, 2], None, ["tool", 1, 2]], "junk"], 3, 9) == [
+        [["tool", 1, 2]], [], []]
+    import numpy as np
+
+    arr = np.empty(1, dtype=object)  # as verl's non_tensor_batch holds them
+    arr[0] = [np.array(["tool", 1, 4], dtype=object)]
+    assert loop_spans(arr, 1, 9) == [[["tool", 1, 4]]]

@@ -436,3 +436,34 @@ def test_self_teacher_runs_without_privileged_information_are_marked(tmp_path, c
     assert rows["gdpo"][0] == "50.0"
     assert "[= GDPO here] (rlsd): the run logged mrtpo/rows_privileged = 0 on every step" in md
     assert "advantage is GDPO's exactly" in md
+
+
+def test_multi_turn_runs_their_rewards_and_the_bfcl_verdict_beside_the_rates(tmp_path, console_line):
+    """Runs of the multi-turn scripts (experiment ``<model>_toolcall_multiturn_<method>_seed<k>``): the training task
+    is read whole, the curves are the multi-turn task's rewards, and an eval of ``--task bfcl_multi_turn`` (the
+    metrics ``tools.eval`` writes) gives BFCL's verdict, its categories and the per-reward rates as columns."""
+    root = tmp_path / "runs"
+    model = "qwen2.5-3b-instruct"
+    rates = {"mrtpo": 0.5, "gdpo": 0.25}
+    for method, acc in rates.items():
+        d = root / f"{model}_toolcall_multiturn_{method}_seed0"
+        d.mkdir(parents=True)
+        (d / "train.log").write_text(_synthetic_log(console_line, {
+            "state": [0.1, 0.3, 0.5], "response": [0.2, 0.4, 0.9], "format": [0.8, 0.9, 1.0], "irrelevance": [0.5, 0.5, 0.6]}))
+        _eval_json(d / "eval" / "bfcl_multi_turn.json", "bfcl_multi_turn", {
+            "accuracy": acc, "state_rate": acc + 0.1, "response_rate": acc + 0.2, "format_rate": 1.0,
+            "irrelevance_rate": None, "n_irrelevance": 0, "accuracy_category_mean": acc,
+            "by_category": {c: {"n": 10, "accuracy": acc, "state_rate": 0.0} for c in ("base", "miss_func")},
+            "bfcl_error_types": {"none": 5}, "loop_ends": {"completed": 10}})
+    assert parse_run_name(f"{model}_toolcall_multiturn_mrtpo_seed0") == {
+        "model": model, "task": "toolcall_multiturn", "method": "mrtpo", "seed": 0}
+    summary = build_report(root)
+    header, rows = _table_cells((root / "report" / "table.md").read_text())
+    label = "BFCL multi-turn"
+    # the verdict first, the categories the evals have, then the rates (irrelevance: None in every eval, no column)
+    assert header == ["method", f"{label} acc (BFCL checker)", f"{label} base", f"{label} miss_func",
+                      f"{label} state", f"{label} response", f"{label} format"]
+    assert rows["gdpo"] == ["25.0", "25.0", "25.0", "35.0", "45.0", "100.0"]
+    assert rows["mrtpo"] == ["50.0", "50.0", "50.0", "60.0", "70.0", "100.0"]
+    assert set(summary["curves"][model]["toolcall_multiturn"]) == {"state", "response", "format", "irrelevance"}
+    assert summary["threshold_steps"][model]["toolcall_multiturn"]["response"]["mrtpo"]["per_run"] == {"0": 3}

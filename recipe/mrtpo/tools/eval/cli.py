@@ -15,6 +15,7 @@ from typing import Optional
 from recipe.mrtpo.tasks.sql_compare import SQL_MODES
 from recipe.mrtpo.tools.eval.items import EvalError
 from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY
+from recipe.mrtpo.tools.eval.multi_turn import DEFAULT_RESPONSE_LENGTH, ON_DECODE_ERROR
 from recipe.mrtpo.tools.eval.run import run_eval
 
 __all__ = ["build_parser", "main"]
@@ -83,7 +84,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sql-timeout-s", type=float, default=None,
                    help="spider/bird/chinook: per-query time limit in seconds, at most 60 (test-suite's "
                         "nominal limit); default: each row's extra_info['sql_timeout_s'], else 2")
+    mt = p.add_argument_group("bfcl_multi_turn (the agent loop; refused for other tasks)")
+    mt.add_argument("--response-length", type=_positive_int, default=None,
+                    help=f"tokens of a whole trajectory: model, tool results and injected turns (verl's "
+                         f"rollout.response_length; default {DEFAULT_RESPONSE_LENGTH}); --max-new-tokens bounds "
+                         f"one generation")
+    mt.add_argument("--on-decode-error", choices=ON_DECODE_ERROR, default=None,
+                    help="a step whose <tool_call> does not decode: end_turn (BFCL's protocol, the default) or "
+                         "feedback (an error message back to the model, as in training)")
     return p
+
+
+def _check_multi_turn(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [f for f, v in (("--response-length", args.response_length), ("--on-decode-error", args.on_decode_error))
+             if v is not None]
+    if TASK_FAMILY[args.task] != "multi_turn":
+        if given:
+            p.error(f"{', '.join(given)}: only for --task bfcl_multi_turn")
+        return
+    if args.n > 1:
+        p.error("--n > 1: bfcl_multi_turn plays one trajectory per question")
+    if args.response_length is None:
+        args.response_length = DEFAULT_RESPONSE_LENGTH
+    if args.on_decode_error is None:
+        args.on_decode_error = "end_turn"
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -97,13 +121,17 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--sql-timeout-s must be in (0, 60], got {args.sql_timeout_s}")
     if not (0 < args.gpu_memory_utilization <= 1):
         p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    _check_multi_turn(p, args)
 
 
 def _summary(result: dict) -> str:
     lines = [f"{result['task']}: {result['n']} items ({result['stats']['generated']} generated, "
              f"{result['stats']['reused']} reused)"]
     for k, v in result["metrics"].items():
-        if isinstance(v, float):
+        if isinstance(v, dict) and k in ("by_category",) and result["task"] == "bfcl_multi_turn":
+            for cat, g in v.items():
+                lines.append(f"  {cat:<28} {g['accuracy']:.4f}  (n={g['n']})")
+        elif isinstance(v, float):
             lines.append(f"  {k:<28} {v:.4f}")
         elif isinstance(v, int):
             lines.append(f"  {k:<28} {v}")

@@ -5,6 +5,11 @@ variables from ``--chat-template-kwargs``). Both backends use exactly the given 
 (:class:`SamplingConfig`) and never the model's ``generation_config`` sampling defaults, only its stop
 tokens; responses are decoded without special tokens.
 
+``generate_ids`` is the token-level entry the multi-turn evaluation uses (:mod:`.multi_turn`: the agent
+loop renders its own context and asks for one generation per request, as from verl's server manager):
+prompt token ids in, generated token ids out (the stop token kept, as vLLM returns it), each request
+with its own ``max_tokens``, one sample each.
+
 Public names: :class:`Generation`, :class:`SamplingConfig`, :class:`HFGenerator`, :class:`VLLMGenerator`,
 :func:`choose_backend`, :func:`make_generator`.
 """
@@ -30,6 +35,9 @@ class Generation:
     text: str
     n_tokens: int
     finished: bool
+    #: multi-turn only (:mod:`.multi_turn`): the trajectory record the verifier reads, and the loop's account
+    trajectory: Optional[dict] = None
+    loop: Optional[dict] = None
 
 
 @dataclass
@@ -115,6 +123,28 @@ class HFGenerator:
         n = self.sampling.n
         return [gens[i * n:(i + 1) * n] for i in range(len(batch))]
 
+    def generate_ids(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> list[list[int]]:
+        """One generation per prompt (token ids, left-padded into one batch), each cut after its first
+        stop token (kept) and at its own ``max_tokens``."""
+        import torch
+
+        if self.sampling.n != 1:
+            raise ValueError("generate_ids samples once per prompt (n must be 1)")
+        width = max(len(p) for p in prompts)
+        pad = self.tok.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        config = self._generation_config()
+        config.max_new_tokens = max(max_tokens)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
+        stops = set(self.stop_ids)
+        result = []
+        for row, limit in zip(out[:, width:].tolist(), max_tokens):
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            result.append(row[:min(end, limit)])
+        return result
+
 
 class VLLMGenerator:
     """vLLM offline generation (``vllm.LLM``) on the rendered prompt token ids."""
@@ -139,6 +169,7 @@ class VLLMGenerator:
         if s.temperature > 0:
             params.update(top_p=s.top_p, seed=s.seed)
         self.params = SamplingParams(**params)
+        self._params_kwargs = params
 
     def generate(self, batch: Sequence[list[dict]]) -> list[list[Generation]]:
         """``n`` generations for each conversation of ``batch`` (in order)."""
@@ -151,6 +182,18 @@ class VLLMGenerator:
             [Generation(o.text, len(o.token_ids), o.finish_reason == "stop") for o in req.outputs]
             for req in outputs
         ]
+
+
+    def generate_ids(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> list[list[int]]:
+        """One generation per prompt token ids, each with its own ``max_tokens`` (one SamplingParams per
+        request); the token ids vLLM returns (its stop token included)."""
+        from vllm import SamplingParams
+
+        if self.sampling.n != 1:
+            raise ValueError("generate_ids samples once per prompt (n must be 1)")
+        params = [SamplingParams(**{**self._params_kwargs, "max_tokens": int(m)}) for m in max_tokens]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        return [list(req.outputs[0].token_ids) for req in outputs]
 
 
 def choose_backend(requested: str) -> str:

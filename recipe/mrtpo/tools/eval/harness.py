@@ -1,4 +1,4 @@
-"""Evaluate a model on IFEval, IFBench, Spider, BIRD, Chinook or BFCL with the project's verifiers.
+"""Evaluate a model on IFEval, IFBench, Spider, BIRD, Chinook, BFCL or BFCL multi-turn with the project's verifiers.
 
 ::
 
@@ -8,16 +8,17 @@ Data: the verl parquet files of ``data_prep`` (rows ``data_source``, ``prompt`` 
 ``reward_model.ground_truth``, ``extra_info``). Default paths (relative to the working directory),
 ``--data FILE.parquet`` overrides:
 
-==========  ==============================  ====================================================
-task        default data                    built by
-==========  ==============================  ====================================================
-ifeval      data/ifeval/test.parquet        python -m data_prep.build_offline --only ifeval
-ifbench     data/ifbench/test.parquet       python -m data_prep.build_offline --only ifbench
-chinook     data/chinook/test.parquet       python -m data_prep.build_offline --only chinook
-bfcl        data/bfcl/test.parquet          python -m data_prep.build_offline --only bfcl
-spider      data/spider/test.parquet        python -m data_prep.text_to_sql spider ... --part dev
-bird        data/bird/test.parquet          python -m data_prep.text_to_sql bird ... --part dev
-==========  ==============================  ====================================================
+===============  =================================  ========================================================
+task             default data                       built by
+===============  =================================  ========================================================
+ifeval           data/ifeval/test.parquet           python -m data_prep.build_offline --only ifeval
+ifbench          data/ifbench/test.parquet          python -m data_prep.build_offline --only ifbench
+chinook          data/chinook/test.parquet          python -m data_prep.build_offline --only chinook
+bfcl             data/bfcl/test.parquet             python -m data_prep.build_offline --only bfcl
+bfcl_multi_turn  data/bfcl_multi_turn/test.parquet  python -m data_prep.build_offline --only bfcl_multi_turn
+spider           data/spider/test.parquet           python -m data_prep.text_to_sql spider ... --part dev
+bird             data/bird/test.parquet             python -m data_prep.text_to_sql bird ... --part dev
+===============  =================================  ========================================================
 
 Generation: every prompt is rendered with the tokenizer's chat template (``add_generation_prompt``;
 ``--chat-template-kwargs '{"enable_thinking": false}'`` passes extra template variables), then
@@ -61,7 +62,12 @@ Output ``OUT`` (written atomically at the end)::
 
 The metrics are those of :mod:`recipe.mrtpo.tools.eval.metrics` (IFEval/IFBench prompt- and
 instruction-level accuracy, strict and loose; text-to-SQL execution accuracy, format and executable
-rates; BFCL AST accuracy, format rate, per category).
+rates; BFCL AST accuracy, format rate, per category; BFCL multi-turn: BFCL's verdict and the per-reward rates,
+per category).
+
+``bfcl_multi_turn`` plays each question through the training's agent loop (:mod:`.multi_turn`; one trajectory
+per question, ``--response-length`` tokens for the whole trajectory, ``--on-decode-error``) and scores its
+trajectory record, not its text.
 
 The work is split by job: :mod:`.items` (data loading), :mod:`.generation` (HF / vLLM generators),
 :mod:`.partial` (the cache and the result file), :mod:`.run` (the evaluation loop), :mod:`.cli` (the

@@ -25,6 +25,7 @@ BUILD_HINT = {
     "ifbench": "python -m data_prep.build_offline --only ifbench",
     "chinook": "python -m data_prep.build_offline --only chinook",
     "bfcl": "python -m data_prep.build_offline --only bfcl",
+    "bfcl_multi_turn": "python -m data_prep.build_offline --only bfcl_multi_turn",
     "spider": "python -m data_prep.text_to_sql spider --input spider_data.zip --part dev --out-dir data/spider",
     "bird": "python -m data_prep.text_to_sql bird --input dev.zip --part dev --out-dir data/bird",
 }

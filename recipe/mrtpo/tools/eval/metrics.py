@@ -31,6 +31,17 @@ official semantics. Tasks fall into three families (:data:`TASK_FAMILY`):
     ``by_category`` and ``ast_accuracy_category_mean`` (unweighted mean over categories, as BFCL's
     leaderboard summaries average categories) where the rows carry a category.
 
+``multi_turn`` (BFCL v4 multi-turn; :mod:`.multi_turn` plays each question through the agent loop)
+    Per trajectory: the multi-turn task's rewards (:func:`recipe.mrtpo.tasks.multi_turn.verifier.score`
+    on the loop's trajectory record, never on its text): ``state``, ``response``, ``format``, and
+    ``irrelevance`` for questions with a turn that expects no call; ``bfcl_valid`` = BFCL's own verdict
+    (``multi_turn_checker``: 1 exactly when state and response hold at every turn). Metrics:
+    ``accuracy`` (mean ``bfcl_valid``, BFCL's multi-turn accuracy), ``state_rate``, ``response_rate``,
+    ``format_rate``, ``irrelevance_rate`` (over the trajectories that have it), ``by_category`` (base,
+    long_context, miss_func, miss_param), ``accuracy_category_mean`` (unweighted over the categories, as
+    BFCL's "Multi Turn Overall Acc"), ``bfcl_error_types`` (BFCL's first failing check, counted) and
+    ``loop_ends`` (how the loop ended: ``completed`` or the bound that acted, counted).
+
 With several samples per prompt (``--n``), every sample counts as one response: metrics are means
 over all samples (mean@n). Every metric is a finite float in [0, 1], or None when nothing was scored.
 
@@ -56,6 +67,7 @@ TASK_FAMILY: dict[str, str] = {
     "bird": "sql",
     "chinook": "sql",
     "bfcl": "tool",
+    "bfcl_multi_turn": "multi_turn",
 }
 
 #: family -> the data sources whose rows it can score (the verifiers registered for that family)
@@ -63,6 +75,7 @@ FAMILY_DATA_SOURCES: dict[str, tuple[str, ...]] = {
     "if": ("ifeval", "ifbench", "instruction_following"),
     "sql": ("spider", "bird", "chinook", "text_to_sql"),
     "tool": ("bfcl", "tool_calling"),
+    "multi_turn": ("bfcl_multi_turn",),
 }
 
 _MAX_INFO_CHARS = 500
@@ -158,13 +171,23 @@ def _bfcl_official(response: str, ground_truth: Any) -> Optional[tuple[bool, str
                                             off["category"])
 
 
-_SCORERS = {"if": _score_if, "sql": _score_sql, "tool": _score_tool}
+def _score_multi_turn(record: Any, ground_truth: Any, extra_info: Optional[dict], **_) -> tuple[dict, dict]:
+    from recipe.mrtpo.tasks.multi_turn import verifier as MT
+
+    result = MT.score(record, ground_truth, extra_info)
+    info = dict(result.info)
+    scores = {**result.scores, "bfcl_valid": float(bool(info.pop("bfcl_valid", False)))}
+    return scores, _plain_info(info)
+
+
+_SCORERS = {"if": _score_if, "sql": _score_sql, "tool": _score_tool, "multi_turn": _score_multi_turn}
 
 
 def score_response(family: str, response: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
                    strip_reasoning: bool = False, sql_mode: Optional[str] = None,
                    sql_timeout_s: Optional[float] = None) -> tuple[dict, dict]:
     """``(scores, info)`` of one response (module docstring). ``info`` holds the verifier's diagnostics.
+    For family ``multi_turn`` the response is the trajectory record (its dict or JSON string).
 
     ``strip_reasoning`` (family ``if``): check the answer after the reasoning block (off: the response
     as generated, the official semantics). ``sql_mode`` (family ``sql``): ``keep_distinct`` or
@@ -185,6 +208,13 @@ def validate_ground_truth(family: str, ground_truth: Any, extra_info: Optional[d
     Scores an empty response (which runs no SQL), and for text-to-SQL also checks that the database
     file exists (builders store absolute paths: a moved ``data/`` must be rebuilt).
     """
+    if family == "multi_turn":  # the verifier's and the agent loop's readings of the row (no checker run)
+        from recipe.mrtpo.agent.bfcl_env import parse_entry
+        from recipe.mrtpo.tasks.multi_turn.verifier import question_from_row
+
+        question_from_row(ground_truth, extra_info)
+        parse_entry(extra_info)
+        return
     score_response(family, "", ground_truth, extra_info)
     if family == "sql":
         gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
@@ -289,7 +319,38 @@ def _aggregate_tool(samples: list[dict]) -> dict:
     return out
 
 
-_AGGREGATORS = {"if": _aggregate_if, "sql": _aggregate_sql, "tool": _aggregate_tool}
+def _multi_turn_core(samples: list[dict]) -> dict:
+    with_irr = [s["scores"]["irrelevance"] for s in samples if "irrelevance" in s["scores"]]
+    return {
+        "accuracy": _mean([s["scores"]["bfcl_valid"] for s in samples]),
+        "state_rate": _mean([s["scores"]["state"] for s in samples]),
+        "response_rate": _mean([s["scores"]["response"] for s in samples]),
+        "format_rate": _mean([s["scores"]["format"] for s in samples]),
+        "irrelevance_rate": _mean(with_irr),
+        "n_irrelevance": len(with_irr),
+    }
+
+
+def _counts(values: Iterable[Any]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for v in values:
+        out[str(v)] += 1
+    return dict(sorted(out.items()))
+
+
+def _aggregate_multi_turn(samples: list[dict]) -> dict:
+    out = _multi_turn_core(samples)
+    groups = _breakdown(samples, "category", _multi_turn_core)
+    if groups:
+        out["by_category"] = groups
+        out["accuracy_category_mean"] = _mean([g["accuracy"] for g in groups.values()])
+    out["bfcl_error_types"] = _counts((s.get("info") or {}).get("bfcl_error_type") or "none" for s in samples)
+    out["loop_ends"] = _counts((s.get("loop") or {}).get("end", "unknown") for s in samples)
+    return out
+
+
+_AGGREGATORS = {"if": _aggregate_if, "sql": _aggregate_sql, "tool": _aggregate_tool,
+                "multi_turn": _aggregate_multi_turn}
 
 
 def aggregate(family: str, samples: Iterable[dict]) -> dict:

@@ -39,16 +39,28 @@ def scoring_options(args: argparse.Namespace) -> dict:
 _LEGACY_SCORING = {"strip_reasoning": False, "sql_mode": None, "sql_timeout_s": None}
 
 
+#: settings of the multi-turn path (:mod:`.multi_turn`) that change what is generated
+_MULTI_TURN_KEYS = ("response_length", "on_decode_error")
+#: a generation's fields a record keeps (the last two: multi-turn's trajectory record and loop account)
+_GEN_KEYS = ("response", "n_tokens", "finished", "trajectory", "loop")
+
+
 def _score_sample(family: str, item: Item, gen: dict, opts: dict) -> dict:
-    scores, info = score_response(family, gen["response"], item.ground_truth, item.extra_info, **opts)
+    # multi-turn: the verifier reads the trajectory record, never the response text (tool output is in it)
+    scored = gen.get("trajectory") if family == "multi_turn" else gen["response"]
+    scores, info = score_response(family, scored, item.ground_truth, item.extra_info, **opts)
     return {**gen, "scores": scores, "info": info}
 
 
+def _gen_dict(g: Generation) -> dict:
+    d = {"response": g.text, "n_tokens": g.n_tokens, "finished": g.finished}
+    if g.trajectory is not None:
+        d.update(trajectory=g.trajectory, loop=g.loop)
+    return d
+
+
 def _record(family: str, item: Item, gens: list[Generation], opts: dict) -> dict:
-    samples = [
-        _score_sample(family, item, {"response": g.text, "n_tokens": g.n_tokens, "finished": g.finished}, opts)
-        for g in gens
-    ]
+    samples = [_score_sample(family, item, _gen_dict(g), opts) for g in gens]
     record = {"id": item.id, "index": item.index, "data_source": item.data_source}
     if item.category:
         record["category"] = item.category
@@ -63,8 +75,7 @@ def _record(family: str, item: Item, gens: list[Generation], opts: dict) -> dict
 
 def _rescored(family: str, item: Item, record: dict, opts: dict) -> dict:
     samples = record.get("samples") or [record]
-    keys = ("response", "n_tokens", "finished")
-    return _record(family, item, [Generation(*(s[k] for k in keys)) for s in samples], opts)
+    return _record(family, item, [Generation(*(s.get(k) for k in _GEN_KEYS)) for s in samples], opts)
 
 
 def _fingerprint(args: argparse.Namespace) -> dict:
@@ -79,7 +90,10 @@ def _fingerprint(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "chat_template_kwargs": args.chat_template_kwargs,
     }
-    return {k: values[k] for k in _FINGERPRINT_KEYS}
+    out = {k: values[k] for k in _FINGERPRINT_KEYS}
+    if TASK_FAMILY[args.task] == "multi_turn":  # only there, so the other tasks' caches stay valid
+        out.update({k: getattr(args, k) for k in _MULTI_TURN_KEYS})
+    return out
 
 
 def _reuse(family: str, items: list[Item], cached: dict[str, dict], rescore: bool,
@@ -107,7 +121,9 @@ def _reuse(family: str, items: list[Item], cached: dict[str, dict], rescore: boo
 
 def _generate(family: str, pending: list[Item], generator, batch_size: int, n: int, writer: PartialWriter,
               desc: str, opts: dict) -> dict[str, dict]:
-    """Generate and score ``pending`` batch by batch, appending every record to the cache as it comes."""
+    """Generate and score ``pending`` batch by batch, appending every record to the cache as it comes.
+    ``generator``: its ``generate(conversations)``, or for multi-turn a :class:`.multi_turn.MultiTurnRunner`
+    (``generate_items(items)``)."""
     from tqdm.auto import tqdm
 
     records: dict[str, dict] = {}
@@ -116,7 +132,10 @@ def _generate(family: str, pending: list[Item], generator, batch_size: int, n: i
     with tqdm(total=len(order), desc=desc, unit="item", file=sys.stderr) as bar:
         for i in range(0, len(order), batch_size):
             chunk = order[i:i + batch_size]
-            gens = generator.generate([it.messages for it in chunk])
+            if family == "multi_turn":
+                gens = generator.generate_items(chunk)
+            else:
+                gens = generator.generate([it.messages for it in chunk])
             if len(gens) != len(chunk) or any(len(g) != n for g in gens):
                 raise RuntimeError(f"generator returned {[len(g) for g in gens]} for {len(chunk)} prompts x n={n}")
             for item, g in zip(chunk, gens):
@@ -125,6 +144,13 @@ def _generate(family: str, pending: list[Item], generator, batch_size: int, n: i
             writer.flush()
             bar.update(len(chunk))
     return records
+
+
+def _multi_turn_runner(args: argparse.Namespace, generator):
+    from recipe.mrtpo.tools.eval.multi_turn import MultiTurnRunner, model_type
+
+    return MultiTurnRunner(generator, args.response_length, args.max_new_tokens, args.on_decode_error,
+                           args.chat_template_kwargs, model_type(args.model))
 
 
 def _row_count(path: Path) -> int:
@@ -141,6 +167,11 @@ def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict
     """
     start = time.time()
     family = TASK_FAMILY[args.task]
+    if family == "multi_turn":  # the command line fills these; a caller building args itself may not
+        from recipe.mrtpo.tools.eval.multi_turn import DEFAULT_RESPONSE_LENGTH
+
+        args.response_length = getattr(args, "response_length", None) or DEFAULT_RESPONSE_LENGTH
+        args.on_decode_error = getattr(args, "on_decode_error", None) or "end_turn"
     data = Path(args.data or DEFAULT_DATA[args.task])
     if not data.is_file():
         raise FileNotFoundError(f"data file not found: {data}; build it with `{BUILD_HINT[args.task]}` or pass --data")
@@ -175,6 +206,8 @@ def run_eval(args: argparse.Namespace, generator_factory=make_generator) -> dict
             except (OSError, ValueError) as e:  # no model files, no tokenizer, not a model folder: the input's fault
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise EvalError(f"cannot load --model {args.model}: {first}") from e
+            if family == "multi_turn":
+                generator = _multi_turn_runner(args, generator)
             records.update(_generate(family, pending, generator, batch_size, args.n, writer, f"eval {args.task}",
                                      opts))
     finally:

@@ -13,8 +13,10 @@ _LAST = ("shuffle", "mrtpo")
 METHOD_ORDER = ("base", *(m for m in method_names() if m not in _LAST), *_LAST)
 
 #: Column order and display names of the evaluated tasks; others follow alphabetically.
+#: ``toolcall_multiturn`` is the multi-turn run scripts' training task (a name with an underscore must be known to be
+#: read from ``<model>_<task>_<method>_seed<k>``), ``bfcl_multi_turn`` its evaluation and data source.
 TASK_ORDER = ("ifbench", "ifeval", "instruction_following", "spider", "bird", "chinook", "text_to_sql",
-              "bfcl", "tool_calling")
+              "bfcl", "tool_calling", "bfcl_multi_turn", "toolcall_multiturn")
 TASK_LABELS = {
     "ifbench": "IFBench",
     "ifeval": "IFEval",
@@ -25,6 +27,8 @@ TASK_LABELS = {
     "text_to_sql": "Text-to-SQL",
     "bfcl": "BFCL",
     "tool_calling": "Tool calling",
+    "bfcl_multi_turn": "BFCL multi-turn",
+    "toolcall_multiturn": "Multi-turn tool use",
 }
 UNKNOWN = "?"  # a run's model or task that no source names
 

@@ -17,6 +17,11 @@ _EX = ("EX", ("execution_accuracy", "exec_accuracy", "exec_acc", "ex", "executio
 _AST = ("AST acc", ("ast_accuracy", "ast_acc", "ast", "accuracy"))
 #: BFCL's own checker first (the headline), the recipe's reward-side AST match beside it
 _BFCL = [("AST (BFCL checker)", ("bfcl_official_ast_accuracy",)), ("AST (recipe)", _AST[1])]
+#: BFCL multi-turn (tools.eval --task bfcl_multi_turn): BFCL's verdict overall, per category, then the task's per-reward
+#: rates beside it (the rewards' names: state, response, format, irrelevance)
+_MULTI_TURN = [("acc (BFCL checker)", ("accuracy",)),
+               *((c, (f"by_category/{c}/accuracy",)) for c in ("base", "long_context", "miss_func", "miss_param")),
+               *((r, (f"{r}_rate",)) for r in ("state", "response", "format", "irrelevance"))]
 #: task -> [(column label, candidate keys of the eval JSON's metrics, first match wins)].
 HEADLINE_METRICS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "ifbench": [_PROMPT_STRICT],
@@ -28,6 +33,7 @@ HEADLINE_METRICS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "text_to_sql": [_EX],
     "bfcl": _BFCL,
     "tool_calling": _BFCL,
+    "bfcl_multi_turn": _MULTI_TURN,
 }
 
 

@@ -48,6 +48,9 @@ POS_RGB = (44, 160, 44)  # positive advantage (green)
 NEG_RGB = (117, 80, 200)  # negative advantage (purple)
 UNIFORM_NOTE = "uniform (not replayed)"
 MASKED_NOTE = "masked (not trained)"
+#: masked positions of an agent loop's response, by span kind (the dump's ``spans``)
+SPAN_NOTES = {"tool": "tool output (not generated: attended, not measured, not trained)",
+              "user": "injected user turn (not generated: attended, not measured, not trained)"}
 ADV_ZERO = 1e-6  # |advantage| below this is shown as 0
 ALPHA_MAX = 0.8  # opacity of the strongest token (text stays readable on it)
 
@@ -97,6 +100,14 @@ def _last_valid(mask_row: torch.Tensor) -> int:
     return int(pos[-1]) + 1 if pos.numel() else 0
 
 
+def _masked(d: DumpView, i: int, t: int) -> str:
+    """A position the mask leaves out: a tool / user span of an agent loop, or plain masked."""
+    kind = d.kinds[i][t] if d.kinds else ""
+    if kind in SPAN_NOTES:
+        return _span(d, i, t, SPAN_NOTES[kind], f"tok masked span-{kind}", data=f' data-span="{kind}"')
+    return _span(d, i, t, MASKED_NOTE, "tok masked")
+
+
 def _context(d: DumpView, i: int, name: str) -> tuple[str, str]:
     ctx = d.contexts[i].get(name) if isinstance(d.contexts[i], dict) else None
     if isinstance(ctx, dict):
@@ -139,7 +150,7 @@ def _reward_row(d: DumpView, i: int, k: int, T_i: int) -> str:
     valid, q_l, w_l = mask.tolist(), q.tolist(), w.tolist()
     for t in range(T_i):
         if not valid[t]:
-            spans.append(_span(d, i, t, MASKED_NOTE, "tok masked"))
+            spans.append(_masked(d, i, t))
             continue
         qt, wt = q_l[t], w_l[t]
         alpha = ALPHA_MAX * qt / qmax if (replayed and qmax > 0) else 0.0
@@ -172,7 +183,7 @@ def _adv_row(d: DumpView, i: int, T_i: int) -> str:
     valid, a_l = mask.tolist(), a.tolist()
     for t in range(T_i):
         if not valid[t]:
-            spans.append(_span(d, i, t, MASKED_NOTE, "tok masked"))
+            spans.append(_masked(d, i, t))
             continue
         at = a_l[t]
         alpha = 0.0 if flat else ALPHA_MAX * abs(at) / amax
@@ -234,6 +245,7 @@ def render_html(d: DumpView, max_samples: Optional[int] = None, only_replayed: b
 <div class="legend">
 <span>relevance q<sub>k,t</sub>: 0<span class="bar q"></span>max<sub>t</sub> q of the row (opacity &prop; q / max q)</span>
 <span>advantage: &minus;max<span class="bar adv"></span>+max |adv| of the response</span>
+<span><span class="tok masked span-tool">tool output</span> <span class="tok masked span-user">user turn</span>: agent-loop text the model did not generate (not measured)</span>
 <span>hover a token: q, w = (1&minus;&beta;) + &beta;&middot;q/q&#772; (RMS(w&minus;1) &le; &rho;)</span>
 <label id="viz-stretch-box"><input type="checkbox" id="viz-stretch"> stretch contrast per row: (q &minus; min q) / (max q &minus; min q)</label>
 </div>

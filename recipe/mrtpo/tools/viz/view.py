@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 
 from recipe.mrtpo.core.advantage import relevance_weights
-from recipe.mrtpo.dump import DumpError, as_tensor, check_dump
+from recipe.mrtpo.dump import SPAN_KINDS, DumpError, as_tensor, check_dump, loop_spans
 from recipe.mrtpo.tools.viz.tokens import decode_byte_level, looks_byte_level, sanitize_text
 
 TOKEN_MODES = ("auto", "bytelevel", "text")
@@ -37,6 +37,8 @@ class DumpView:
     shuffle: Optional[bool] = None
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: [n][T]: ``tool`` / ``user`` where an agent loop put text the model did not generate (the dump's ``spans``), else ""
+    kinds: list[list[str]] = field(default_factory=list)
 
 
 def resolve_rho(raw: dict, override: Any = "dump") -> Optional[float]:
@@ -101,12 +103,35 @@ def normalise_dump(raw: dict, source: str = "", rho: Any = "dump", tokens: str =
         notes.append("tokens are raw byte-level BPE pieces, decoded for display (tooltips show the raw piece)")
     if relevance is None:
         notes.append("no replay at this step (relevance is None): every row is uniform")
+    kinds = span_kinds(raw.get("spans"), mask)
+    if any(k for row in kinds for k in row):
+        notes.append("agent-loop responses: tool results and injected user turns are marked; the model did not "
+                     "generate them, they are attended but never measured or trained")
     return DumpView(
         step=None if step is None else int(step), beta=beta, rho=rho_v, names=names, uids=uids, scores=scores,
         replayed=replayed, relevance=relevance, advantages=advantages, mask=mask, tokens=shown,
         raw_tokens=raw_tokens, contexts=contexts, metrics=metrics,
         shuffle=raw.get("shuffle") if isinstance(raw.get("shuffle"), bool) else None, source=source, notes=notes,
+        kinds=kinds,
     )
+
+
+def span_kinds(raw_spans: object, mask: torch.Tensor) -> list[list[str]]:
+    """Per response and position, the kind of the agent-loop span covering it (``tool`` / ``user``) or "".
+
+    Only masked positions are marked (a span over a measured position is a contradiction, shown as measured);
+    the dump's spans pass :func:`recipe.mrtpo.dump.loop_spans` again (hostile input: off-shape entries dropped)."""
+    n, T = mask.shape
+    kinds = [[""] * T for _ in range(n)]
+    if not isinstance(raw_spans, (list, tuple)):
+        return kinds
+    valid = mask.tolist()
+    for i, row in enumerate(loop_spans(list(raw_spans), n, T)):
+        for kind, start, end in row:
+            for t in range(start, end):
+                if not valid[i][t] and kind in SPAN_KINDS:
+                    kinds[i][t] = kind
+    return kinds
 
 
 def row_weights(d: DumpView, i: int, k: int) -> torch.Tensor:
