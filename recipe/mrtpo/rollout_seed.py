@@ -15,7 +15,7 @@ named in :data:`recipe.mrtpo.verl_seam.ROLLOUT_SEED_SOURCES` and guarded by ``te
 
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=null`` turns it off (verl's own manager; on a GPU,
 vLLM's per-request generators cost a small loop per decoding step). What it does and does not make
-reproducible: README ("Reproducible runs").
+reproducible: README (the ``SEED=k`` bullet).
 """
 
 from __future__ import annotations
