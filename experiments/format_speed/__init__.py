@@ -43,6 +43,13 @@ varies, per step (:mod:`.layouts`). Writes ``OUT/results.md``, ``OUT/results.jso
 ``OUT/diagnostic.png``, ``OUT/layouts.png`` (and copies them to ``--docs``). Finished runs are kept: an interrupted experiment resumes; ``--analyse-only`` only rebuilds
 the outputs.
 
+The grid that settles the speed claim (24 seeds a method, seeded and paired by seed, two ablations) runs under
+the analysis plan ``docs/format_speed/analysis_plan.md``: :mod:`.grid` (``python -m experiments.format_speed.grid``:
+the arms, the seeds, the run key with the code's hash, the committable run records), :mod:`.analysis`
+(``python -m experiments.format_speed.analysis``: the plan's comparisons on the records), :mod:`.stats` (the tests,
+intervals and power), :mod:`.instability` (the instability measures).
+
 Modules: :mod:`.common`, :mod:`.warm_start`, :mod:`.runs`, :mod:`.tokens`, :mod:`.diagnostic`,
-:mod:`.layouts`, :mod:`.preflight`, :mod:`.results`, :mod:`.cli` (``main``).
+:mod:`.layouts`, :mod:`.preflight`, :mod:`.results`, :mod:`.cli` (``main``), :mod:`.grid`, :mod:`.analysis`,
+:mod:`.stats`, :mod:`.instability`.
 """

@@ -28,15 +28,20 @@ def run_curves(log_text: str, threshold: float, window: int, after_steps: int) -
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     steps, _ = parse_console_log(log_text)
-    out = {}
-    for name, s in sorted(reward_series(steps).items()):
-        keys = sorted(s)
-        running = {k: sum(s[j] for j in keys[i + 1 - window: i + 1]) / window for i, k in enumerate(keys) if i + 1 >= window}
-        out[name] = {"series": {int(k): float(v) for k, v in s.items()}, "running": running,
-                     "first_reach": first_reach(running, threshold), "after": s.get(after_steps + 1),
-                     "start": sum(s[k] for k in keys[:window]) / min(window, len(keys)) if keys else None,
-                     "final": sum(s[k] for k in keys[-window:]) / min(window, len(keys)) if keys else None}
-    return out
+    return {name: curve_summary(s, threshold, window, after_steps) for name, s in sorted(reward_series(steps).items())}
+
+
+def curve_summary(s: dict, threshold: float, window: int, after_steps: int) -> dict:
+    """One reward's ``{step: batch mean}``: the series, its running mean over ``window`` steps, the first step at
+    which that running mean reaches ``threshold`` (None: never), the value at step ``after_steps + 1`` and the
+    means of the first and the last ``window`` steps (:func:`run_curves`, and the grid's analysis of the
+    committed per-run series)."""
+    s = {int(k): float(v) for k, v in s.items()}
+    keys = sorted(s)
+    running = {k: sum(s[j] for j in keys[i + 1 - window: i + 1]) / window for i, k in enumerate(keys) if i + 1 >= window}
+    return {"series": s, "running": running, "first_reach": first_reach(running, threshold), "after": s.get(after_steps + 1),
+            "start": sum(s[k] for k in keys[:window]) / min(window, len(keys)) if keys else None,
+            "final": sum(s[k] for k in keys[-window:]) / min(window, len(keys)) if keys else None}
 
 
 def load_run(run_dir: Path, method: str, threshold: float, window: int, after_steps: int, beta: float,

@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -66,17 +66,25 @@ def run_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int
 
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,
                warmup: int, timeout_s: float, model_name: str, log: Callable[[str], None] = print,
-               lock: bool = True, condition: Optional[Condition] = None) -> dict:
+               lock: bool = True, condition: Optional[Condition] = None, arm: Optional[str] = None,
+               extra: Sequence[str] = (), key_parts: Optional[dict] = None) -> dict:
     """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it
-    (:func:`experiments.mini_credit.runs.run_verl`, under :func:`heavy_lock` when ``lock``)."""
+    (:func:`experiments.mini_credit.runs.run_verl`, under :func:`heavy_lock` when ``lock``). The grid
+    (:mod:`.grid`) names the run's folder by its ``arm`` (a method, or an ablation of one), appends the arm's
+    ``extra`` overrides and verl's rollout files (``OUT/.../<arm>_seed<s>/rollouts/<step>.jsonl``, what the
+    pairing check reads), and keys the run also by ``key_parts`` (the code's and the data's hashes)."""
     cond = condition or Condition()
-    run_dir = Path(runs_dir) / f"{method}_seed{seed}"
+    run_dir = Path(runs_dir) / f"{arm or method}_seed{seed}"
     overrides = run_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup, cond)
+    if arm is not None:
+        overrides += [*extra, f"trainer.rollout_data_dir={run_dir / 'rollouts'}"]
     info = {"method": method, "task": cond.reward, "seed": seed, "model": model_name}
+    if arm is not None:
+        info["arm"] = arm
     if not cond.control:
         info["prompts_per_step"] = cond.prompts_per_step
     return run_verl(method, seed, overrides, model, run_dir, steps, timeout_s, info, log=log, prefix=LOG_PREFIX,
-                    lock=(lambda: heavy_lock(log=log)) if lock else None)
+                    lock=(lambda: heavy_lock(log=log)) if lock else None, key_parts=key_parts)
 
 
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print,

@@ -63,21 +63,28 @@ def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, 
 
 def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir: Path, steps: int, timeout_s: float,
              run_info: dict, log: Callable[[str], None] = print, prefix: str = "[mini]",
-             lock: Optional[Callable[[], contextlib.AbstractContextManager]] = None) -> dict:
+             lock: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
+             key_parts: Optional[dict] = None) -> dict:
     """One verl run of ``python -m recipe.mrtpo.main_mrtpo overrides`` in ``run_dir`` (``run.json`` =
     ``run_info``), unless ``result.json`` says that the same overrides on the same weights finished (the
-    result is kept: an interrupted experiment resumes). ``lock``: a context held around the run only
+    result is kept: an interrupted experiment resumes). ``key_parts`` (e.g. the hash of the code that computes
+    the run's numbers, of the data): also part of the key, stored in ``result.json``, and named in the log
+    line when a finished run is re-run because one of them changed. ``lock``: a context held around the run only
     (e.g. the machine-wide flock of the format-speed experiment). Returns the result record."""
     from recipe.mrtpo.cpu.launcher import run_cpu
 
-    key = hashlib.sha256(json.dumps([overrides, sha256_file(Path(model) / "model.safetensors")]).encode()).hexdigest()[:16]
+    parts = [overrides, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     result_path = run_dir / "result.json"
     if result_path.is_file():
         try:
             old = json.loads(result_path.read_text())
             if old.get("key") == key and old.get("ok"):
-                log(f"{prefix} {method} seed {seed}: done before, kept ({run_dir})")
+                log(f"{prefix} {method} seed {seed}: done before, kept ({run_dir}; key {key})")
                 return old
+            changed = [k for k, v in (key_parts or {}).items() if (old.get("key_parts") or {}).get(k) != v]
+            log(f"{prefix} {method} seed {seed}: {'failed before' if not old.get('ok') else 'key changed'}"
+                + (f" ({', '.join(changed)} changed)" if changed and old.get("ok") else "") + ": running it again")
         except ValueError:
             pass
     with lock() if lock else contextlib.nullcontext():
@@ -95,7 +102,7 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
 
         res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
     ok = (not res.timed_out) and res.returncode == 0 and sorted(res.steps) == list(range(1, steps + 1))
-    result = {"method": method, "seed": seed, "key": key, "ok": ok, "returncode": res.returncode,
+    result = {"method": method, "seed": seed, "key": key, **({"key_parts": key_parts} if key_parts else {}), "ok": ok, "returncode": res.returncode,
               "timed_out": res.timed_out, "wall_s": res.wall_s, "first_step_at_s": res.first_step_at_s,
               "peak_pss_gib": res.peak_pss_gib, "steps_logged": sorted(res.steps), "log": res.log_path.name}
     result_path.write_text(json.dumps(result, indent=1))

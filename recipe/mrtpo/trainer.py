@@ -37,6 +37,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
+from recipe.mrtpo.core.advantage import top_token_share
 from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
@@ -103,6 +104,16 @@ def reward_metrics(table: RewardTable, valid=None) -> dict:
     metrics["mrtpo/verifier_errors"] = float(sum(1 for r, v in zip(table.raised, keep.tolist()) if r and v))
     metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
     return metrics
+
+
+def _concentration(adv: torch.Tensor, mask: torch.Tensor) -> dict:
+    """How concentrated the step's final advantage is (the instability measures of docs/format_speed): the largest
+    |A_t| over valid tokens, and the top token's share of a response's sum_t A_t^2 (max and mean over responses)."""
+    share = top_token_share(adv, mask)
+    share = share[~torch.isnan(share)]
+    return {"mrtpo/adv_max_abs": float((adv.abs() * (mask > 0)).max()) if adv.numel() else 0.0,
+            "mrtpo/adv_top_share_max": float(share.max()) if share.numel() else float("nan"),
+            "mrtpo/adv_top_share_mean": float(share.mean()) if share.numel() else float("nan")}
 
 
 @register_trainer("mrtpo")
@@ -214,6 +225,7 @@ class MRTPOTrainer(PPOTrainerSync):
                 "mrtpo/pairs_weighted": stats.weighted_pairs,
                 "mrtpo/num_rewards": len(inputs.table.names),
                 "mrtpo/adv_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp(min=1)),
+                **_concentration(adv, mask),
                 **stats.extra,
             }
         )

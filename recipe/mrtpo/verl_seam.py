@@ -24,7 +24,11 @@ its step 1 (the worker group's ``compute_log_prob``) is replaced by the pass eng
 through ``agg_loss``, the rollout-vs-actor debug metrics when ``rollout.calculate_log_probs``) are
 :func:`read_old_log_prob_batch` and :func:`write_old_log_probs`; the bypass mode (old = rollout log-probs)
 is left to verl (the trainer does not fuse then). ``OLD_LOG_PROB_SOURCE_SHA256`` pins that method.
-Everything else of the loop is verl's own.
+
+The rollout's per-request seeds (:mod:`recipe.mrtpo.rollout_seed`) rely on verl's agent-loop manager and worker
+passing each prompt's fields and its ``session_id`` to ``_run_agent_loop``, on the sampling parameters reaching
+vLLM unchanged, and on verl's vLLM server only ``setdefault``-ing its own seed: :data:`ROLLOUT_SEED_SOURCES`
+pins those functions. Everything else of the loop is verl's own.
 
 The functions other modules restate or follow are pinned here too, by name -> sha256 of the dedented
 source (:func:`named_source`, the one reader of such sources; :func:`changed_sources` compares):
@@ -352,3 +356,60 @@ def fsdp_reshard(module) -> None:
         module.reshard()
     elif version == 1:
         raise NotImplementedError("SDPO's EMA teacher swaps FSDP2 shards; the actor runs FSDP1 (actor.strategy=fsdp2)")
+
+
+# ------------------------------------------------------------------ the rollout's per-request seeds
+#: verl 0.9.1 functions :mod:`recipe.mrtpo.rollout_seed` relies on, ``module:qualname`` -> sha256 of the dedented
+#: source as :func:`file_source` reads it (from the file, without importing: the vLLM server's module imports vLLM):
+#: the TransferQueue manager (its worker class set in ``__init__``, the batch split in ``generate_sequences``); its
+#: worker (each prompt's fields, tensors included, and ``session_id`` passed to ``_run_agent_loop``); the base
+#: ``_run_agent_loop`` (the sampling parameters handed to the agent loop); the task runner loading
+#: ``agent_loop_manager_class``; the single-turn loop and the server client passing the parameters on unchanged;
+#: the vLLM server's ``generate`` (``setdefault("seed", ...)`` under full_determinism only, so a request's own seed
+#: is kept, and ``SamplingParams(**sampling_params)``).
+ROLLOUT_SEED_SOURCES = {
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopManagerTQ.__init__":
+        "43499c2fdf365c089d773c3d5daf403e2606b7fc4cd4db52965f39075a44fde1",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopManagerTQ.generate_sequences":
+        "9d8389584e35ec89cfeb0050f0ca45e15cca119e95085832e2d5e41f8443a52a",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ.generate_sequences":
+        "0d4227f490b32c5d10279506c1261e7283f7a0abf9be657c7d8777d9d3f6d7ea",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ._run_prompt":
+        "2adabe2def267da26bfc5fe81d12fa480564344dd68be605056af4a5c887f5c1",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop":
+        "afb90a4a12333ee027a1d2d20a6a39e9cec9cd63418d5215ffe2f8364cc41267",
+    "verl.trainer.main_ppo:TaskRunnerV1.init_agent_loop_manager":
+        "8a7ec459c8da61e5cc8bd68f13eea3437e35b4c3febbf31bbf3bd7cc4e2c39fc",
+    "verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run":
+        "dc63476eaac81eab586fe9b82fbbd9967f7450ac35b1f36d5f98cafda33f154d",
+    "verl.workers.rollout.llm_server:LLMServerClient.generate":
+        "bb07a079e6c1db9a63465712014ddff273c77b8c6fcd91cb5ffe084975a50dee",
+    "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.generate":
+        "4ec002789c37d6d8368a56a3b1c62b17aa024dec96a904aa36c2f54265620bbc",
+}
+
+
+def file_source(name: str) -> str:
+    """The dedented source of ``module:qualname`` read from the module's file (decorators left out), without
+    importing the module (``verl.workers.rollout.vllm_rollout`` imports vLLM, refused where vLLM is not verl's)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    mod, qual = name.split(":")
+    top, *rest = mod.split(".")
+    path = Path(importlib.util.find_spec(top).origin).parent.joinpath(*rest).with_suffix(".py")
+    text = path.read_text()
+    body, node = ast.parse(text).body, None
+    for part in qual.split("."):
+        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.name == part), None)
+        if node is None:
+            raise LookupError(f"{name}: {part} not found in {path}")
+        body = node.body
+    return textwrap.dedent("".join(text.splitlines(True)[node.lineno - 1:node.end_lineno]))
+
+
+def check_rollout_seed_sources() -> list[str]:
+    """The :data:`ROLLOUT_SEED_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return [n for n, sha in ROLLOUT_SEED_SOURCES.items() if source_sha256(file_source(n)) != sha]

@@ -117,20 +117,62 @@ def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir
     print(f"\n[e2e mrtpo resume] wall {res3.wall_s:.0f}s, peak PSS {res3.peak_pss_gib:.1f} GiB")
 
 
+def grpo_overrides(model: Path, data: Path, out: Path) -> list[str]:
+    """GRPO for 2 steps at lr 1.0, step 1's and 2's rollouts written as JSON lines (verl's rollout_data_dir)."""
+    return overrides(model, data, out, "grpo", 2, "trainer.save_freq=-1", f"trainer.rollout_data_dir={out / 'rollouts'}",
+                     "actor_rollout_ref.rollout.seed=5", lr=1.0)
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo")
+    res = run_cpu("recipe.mrtpo.main_mrtpo", grpo_overrides(tiny_task_qwen2_dir, if_train_parquet, out), out / "run", TIMEOUT_S)
+    assert_ok(res, [1, 2])
+    return res, out
+
+
+def rollouts(out: Path, step: int) -> list[tuple]:
+    """The step's (prompt, response, reward) triples, sorted (verl orders them by the run's random uids)."""
+    rows = [json.loads(line) for line in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+    return sorted((r["input"], r["output"], r["score"]) for r in rows)
+
+
 @pytest.mark.e2e
-def test_grpo_baseline_two_steps_and_weights_reach_vllm(tiny_task_qwen2_dir, if_train_parquet, tmp_path):
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_grpo_baseline_two_steps_and_weights_reach_vllm(grpo_run, tiny_task_qwen2_dir):
     """GRPO (verl's own estimator on the mean reward) through the same entry point. A large learning rate
     makes the actor peaked after step 1: if weight sync to vLLM works, vLLM's sampling log-perplexity at
     step 2 drops far below the random init's ~ln(V) (V the embedding's rows) and agrees with the actor's."""
-    res = run_cpu(
-        "recipe.mrtpo.main_mrtpo",
-        overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path, "grpo", 2, "trainer.save_freq=-1", lr=1.0),
-        tmp_path / "run", TIMEOUT_S,
-    )
-    assert_ok(res, [1, 2])
+    res, _ = grpo_run
     s1, s2 = res.steps[1], res.steps[2]
     assert "mrtpo/beta" not in s1 and "mrtpo/reward/punctuation:no_comma/mean" in s1
     uniform = math.log(json.loads((tiny_task_qwen2_dir / "config.json").read_text())["vocab_size"])
     ppl1, ppl2 = s1["rollout_corr/rollout_log_ppl"], s2["rollout_corr/rollout_log_ppl"]
     assert ppl1 > uniform - 1.0 and ppl2 < ppl1 - 0.4 * uniform, f"vLLM still samples like the initial weights ({ppl1} -> {ppl2}, ln V {uniform:.2f})"
     assert s2["rollout_corr/log_ppl_abs_diff"] < 0.5
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_the_same_seed_twice_samples_the_same_first_batch(grpo_run, tiny_task_qwen2_dir, if_train_parquet, tmp_path):
+    """A second launch of the GRPO run with the same seed (recipe.mrtpo.rollout_seed: each request seeded from the
+    run's seed, the step, its place in the batch and its sample in the group) samples the same step-1 responses
+    and scores, logs the same step-1 rewards, and its first update agrees up to float noise; the samples of one
+    group are still distinct. (Step 2 is not compared: the training batch's rows arrive in the order the requests
+    finish, so the update's sums run in another order, and at this test's lr 1.0 Adam's first step moves a weight
+    by +-lr wherever its gradient's sign is at the noise level.)"""
+    first, out1 = grpo_run
+    res = run_cpu("recipe.mrtpo.main_mrtpo", grpo_overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path), tmp_path / "run",
+                  TIMEOUT_S)
+    assert_ok(res, [1, 2])
+    a1, b1 = rollouts(out1, 1), rollouts(tmp_path, 1)
+    assert len(a1) == 16 and a1 == b1, "step 1 sampled differently under the same seed"
+    groups: dict = {}
+    for prompt, response, _ in a1:
+        groups.setdefault(prompt, []).append(response)
+    assert all(len(set(r)) > 1 for r in groups.values()), "a group's samples are identical (one seed for all?)"
+    s1, f1 = res.steps[1], first.steps[1]
+    for key in ("critic/score/mean", "mrtpo/reward/punctuation:no_comma/mean", "response_length/mean"):
+        assert s1[key] == pytest.approx(f1[key], abs=1e-9), key  # means of the same values
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert s1[key] == pytest.approx(f1[key], rel=1e-4, abs=1e-7), key

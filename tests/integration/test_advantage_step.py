@@ -161,6 +161,11 @@ def test_mrtpo_step_equals_the_core_on_a_direct_replay(monkeypatch, tiny):
     gdpo = mrtpo_adv(scores, np.array(UIDS, dtype=object), mask, None, 0.0, max_realloc_rms=1.0)
     assert not torch.allclose(adv, gdpo, atol=1e-4)
     assert torch.isfinite(adv).all() and float((adv * (1 - mask)).abs().max()) == 0
+    # the concentration metrics, re-stated: the largest |A_t|, and per response max_t A^2 / sum_t A^2
+    assert metrics["mrtpo/adv_max_abs"] == pytest.approx(float((adv.abs() * mask).max()))
+    shares = [float((adv[i, :n] ** 2).max() / (adv[i, :n] ** 2).sum()) for i, n in enumerate(LENS)]
+    assert metrics["mrtpo/adv_top_share_max"] == pytest.approx(max(shares), rel=1e-5)
+    assert metrics["mrtpo/adv_top_share_mean"] == pytest.approx(sum(shares) / len(shares), rel=1e-5)
 
 
 def test_first_step_and_gdpo_are_verl_gdpo(monkeypatch, tiny):

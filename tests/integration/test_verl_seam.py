@@ -168,3 +168,44 @@ def test_the_verl_code_sdpo_relies_on_is_the_pinned_one():
     assert 'local_path=os.path.join(global_step_folder, "actor")' in load
     out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
     assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out
+
+
+# ------------------------------------------------------------------ the rollout's per-request seeds
+def test_the_functions_the_rollout_seeds_rely_on_are_verls_pinned_ones():
+    assert verl_seam.check_rollout_seed_sources() == [], "verl changed: re-check recipe/mrtpo/rollout_seed.py"
+
+
+def test_the_rollout_seeds_assumptions_are_upstream_lines():
+    src = {n.rsplit(":", 1)[1]: verl_seam.file_source(n) for n in verl_seam.ROLLOUT_SEED_SOURCES}
+    # verl's server seeds a request only when the caller did not (our seed wins, also under full_determinism) ...
+    assert 'sampling_params.setdefault("seed", self.replica_rank + self.config.seed)' in src["vLLMHttpServer.generate"]
+    assert "SamplingParams(max_tokens=max_tokens, **sampling_params)" in src["vLLMHttpServer.generate"]
+    # ... the TQ worker hands every prompt field (tensors too) and the sample's session id to _run_agent_loop ...
+    assert "prompt[k] = v[i]" in src["AgentLoopWorkerTQ.generate_sequences"]
+    assert "session_id=i, **prompt" in src["AgentLoopWorkerTQ._run_prompt"]
+    assert "await agent_loop.run(sampling_params, **kwargs)" in src["AgentLoopWorker._run_agent_loop"]
+    # ... and the manager's worker class is an attribute read when the workers start, the batch split after
+    assert "self.agent_loop_workers_class = AgentLoopWorkerTQ" in src["AgentLoopManagerTQ.__init__"]
+    assert "chunkes = prompts.chunk(len(self.agent_loop_workers))" in src["AgentLoopManagerTQ.generate_sequences"]
+    assert 'get("agent_loop_manager_class")' in src["TaskRunnerV1.init_agent_loop_manager"]
+
+
+def test_the_rollout_seed_guard_notices_a_changed_line(monkeypatch):
+    name = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.generate"
+    real = verl_seam.file_source
+    monkeypatch.setattr(verl_seam, "file_source",
+                        lambda n: real(n).replace("setdefault(\"seed\"", "__setitem__(\"seed\"") if n == name else real(n))
+    assert verl_seam.check_rollout_seed_sources() == [name]
+
+
+def test_the_recipe_config_selects_the_seeded_manager_and_it_subclasses_verls():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+    from recipe.mrtpo import rollout_seed
+
+    yaml = OmegaConf.load(Path(verl_seam.__file__).parent / "config" / "mrtpo_trainer.yaml")
+    fqn = yaml.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert fqn == "recipe.mrtpo.rollout_seed.SeededAgentLoopManager"
+    assert issubclass(rollout_seed.SeededAgentLoopManager, AgentLoopManagerTQ)
+    assert issubclass(rollout_seed.SeededAgentLoopWorker.__ray_actor_class__, AgentLoopWorkerTQ.__ray_actor_class__)

@@ -422,3 +422,14 @@ def test_rlsd_lambda_counts_optimizer_steps_as_ms_swift():
         assert optimizer_steps(config, completed) == global_step
         assert rlsd_strength(cfg, completed, config) == pytest.approx(_ms_swift_lambda(global_step, 0.5, 20, 40))
     assert rlsd_strength(cfg, 0, config) == 0.0
+
+
+def test_top_token_share_is_the_largest_squared_advantage_over_the_sum():
+    from recipe.mrtpo.core.advantage import top_token_share
+
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [3.0, -1.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
+    s = top_token_share(adv, mask)
+    assert s[0] == pytest.approx(0.25)  # uniform advantage: 1 / L
+    assert s[1] == pytest.approx(9.0 / 10.0)  # the masked 9 does not count
+    assert torch.isnan(s[2])  # no advantage at all

@@ -334,6 +334,17 @@ def compute_mrtpo_advantage_with_stats(
 # ----------------------------------------------------------------------------------------------
 # RLSD: token weights from the policy's own privileged-context log-probs (docs/design.md §1.8)
 # ----------------------------------------------------------------------------------------------
+def top_token_share(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B]: s_i = max_t A_{i,t}^2 / sum_t A_{i,t}^2 over response i's valid tokens (mask > 0); NaN where the sum is 0.
+
+    How much of a response's squared advantage (its share of the update's size) one token carries: 1 / L_i when
+    every token has the same advantage (GRPO, GDPO), up to 1 when one token carries all of it (MRTPO with q nearly
+    one-hot: w_max = 1 + rho sqrt(T - 1))."""
+    sq = adv.float().pow(2) * (mask > 0)
+    total = sq.sum(-1)
+    return torch.where(total > 0, sq.amax(-1) / total.clamp(min=torch.finfo(torch.float32).tiny), torch.nan)
+
+
 def rlsd_lambda(step: int, lam: float, warmup_steps: int = 0, decay_steps: int = 0) -> float:
     """lambda_s of RLSD at ``step`` completed steps (ms-swift's schedule):
 

@@ -55,6 +55,10 @@ def cpu_env(
             "MKL_NUM_THREADS": n,
             "OPENBLAS_NUM_THREADS": n,
             "TOKENIZERS_PARALLELISM": "false",
+            # Python's str hash salt, fixed so that set and dict-of-set orders are the same in every run (verl
+            # forwards it to its Ray actors when set, constants_ppo.py): one random stream fewer between two runs
+            # of the same seed. A caller's own value is kept.
+            "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0"),
             # vLLM CPU: a fixed KV cache (GiB) instead of a fraction of a NUMA node's memory, and no
             # thread pinning to cores that the other processes also use.
             "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),

@@ -1,0 +1,34 @@
+"""The seed of one rollout request, from the run's seed: what makes a run with the same seed the same run.
+
+verl 0.9.1 seeds vLLM's requests only under ``rollout.full_determinism``, and then gives every request of a
+replica the same seed (``vllm_async_server.py``: ``replica_rank + seed``), so the samples of one group
+would be identical; otherwise a request draws from the engine's global generator in the order the scheduler
+happens to batch it, and two runs with the same seed sample differently. The recipe's agent-loop manager
+(:mod:`recipe.mrtpo.rollout_seed`) gives each request its own seed instead, from what identifies the
+request in a run and nothing that varies between runs (no uid, no request id, no arrival order).
+
+Pure standard library: hashed with SHA-256, never Python's ``hash()`` (salted per process by PYTHONHASHSEED).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+#: vLLM, SGLang and torch generators all take a non-negative 63-bit integer
+SEED_BITS = 63
+
+
+def request_seed(seed: int, step: int, position: int, sample: int, validate: bool = False) -> int:
+    """s = int(SHA-256("mrtpo-request|seed|step|train or val|position|sample")[:8], big-endian) >> 1.
+
+    ``seed`` is the run's ``actor_rollout_ref.rollout.seed``; ``step`` verl's ``global_steps`` (restored on
+    resume, so a resumed run draws what an uninterrupted one draws); ``position`` the prompt's place in the
+    step's batch (0..B-1, before the batch is split among agent-loop workers); ``sample`` its sample within the
+    group (verl's ``session_id``, 0..n-1); ``validate`` separates a validation pass from the training step of the
+    same number. Distinct inputs give distinct seeds up to a 2^-63 collision; the same inputs the same seed in
+    every process and run."""
+    for name, v in (("seed", seed), ("step", step), ("position", position), ("sample", sample)):
+        if isinstance(v, bool) or int(v) != v or v < 0:
+            raise ValueError(f"request_seed: {name} must be a non-negative integer, got {v!r}")
+    text = f"mrtpo-request|{int(seed)}|{int(step)}|{'val' if validate else 'train'}|{int(position)}|{int(sample)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> (64 - SEED_BITS)

@@ -1,0 +1,195 @@
+"""The format-speed grid's runner (experiments/format_speed/grid.py), its analysis (analysis.py) and the
+instability measures (instability.py) on synthetic run records and a fake verl launch: the plan's numbers
+re-computed directly here."""
+
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.format_speed import analysis, grid, instability, stats
+
+
+# ------------------------------------------------------------------ the grid
+def test_the_grid_has_the_plans_arms_and_seeds_seed_major():
+    runs = grid.planned_runs(list(grid.ARMS))
+    assert len(runs) == 24 * 3 + 16 + 8 + 8 == 104
+    assert runs[:6] == [(a, 0) for a in grid.ARMS]  # seed-major: an interrupted grid has whole seeds
+    assert {s for a, s in runs if a == "shuffle"} == set(range(16))
+    assert grid.ARMS["mrtpo-warmup10"][1] == 10 and "mrtpo.max_realloc_rms=0.5" in grid.ARMS["mrtpo-rho0.5"][2]
+    assert grid.planned_runs(["mrtpo"], seeds=[0]) == [("mrtpo", 0)]
+    with pytest.raises(grid.ExperimentError):
+        grid.planned_runs(["nope"])
+
+
+def test_the_code_fingerprint_follows_the_recipes_code_and_not_its_tools(tmp_path):
+    for rel in ("recipe/mrtpo/core/a.py", "recipe/mrtpo/tools/report.py", "verl_patches/p.py", "docs/x.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    base = grid.code_fingerprint(tmp_path)
+    assert base["files"] == 2  # core/a.py and the patch; the tools and docs are not the numbers' code
+    (tmp_path / "recipe/mrtpo/tools/report.py").write_text("x = 2\n")
+    assert grid.code_fingerprint(tmp_path)["sha256"] == base["sha256"]
+    (tmp_path / "recipe/mrtpo/core/a.py").write_text("x = 2\n")
+    assert grid.code_fingerprint(tmp_path)["sha256"] != base["sha256"]
+
+
+def _fake_run(calls):
+    def run_cpu(module, overrides, out_dir, timeout_s, on_line=None):
+        calls.append(list(overrides))
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "main_mrtpo.log").write_text("step:1 - mrtpo/reward/format/mean:0.5\n")
+        return SimpleNamespace(timed_out=False, returncode=0, steps={1: {}}, wall_s=1.0, first_step_at_s=0.5,
+                               peak_pss_gib=0.1, log_path=out_dir / "main_mrtpo.log", tail=lambda n: "")
+    return run_cpu
+
+
+def test_a_finished_run_is_kept_only_while_its_code_is_unchanged(tmp_path, monkeypatch):
+    from experiments.mini_credit.runs import run_verl
+    from recipe.mrtpo.cpu import launcher
+
+    calls, logs = [], []
+    monkeypatch.setattr(launcher, "run_cpu", _fake_run(calls))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"w")
+    args = ("mrtpo", 0, ["a=1"], tmp_path / "model", tmp_path / "run", 1, 10.0, {"method": "mrtpo"})
+    r1 = run_verl(*args, log=logs.append, key_parts={"code": "c1", "data": "d1"})
+    assert r1["ok"] and r1["key_parts"] == {"code": "c1", "data": "d1"} and len(calls) == 1
+    run_verl(*args, log=logs.append, key_parts={"code": "c1", "data": "d1"})
+    assert len(calls) == 1 and "kept" in logs[-1]  # same key: not re-run
+    r3 = run_verl(*args, log=logs.append, key_parts={"code": "c2", "data": "d1"})
+    assert len(calls) == 2 and r3["key"] != r1["key"]
+    assert any("code changed" in m for m in logs)
+    # without key parts the key is the one the stored control runs were keyed by
+    import hashlib
+
+    from data_prep.common import sha256_file
+    old = run_verl(*args[:4], tmp_path / "run_old", *args[5:], log=logs.append)
+    assert old["key"] == hashlib.sha256(json.dumps([["a=1"], sha256_file(tmp_path / "model" / "model.safetensors")])
+                                        .encode()).hexdigest()[:16]
+
+
+def test_rollout_digest_ignores_verls_uid_order(tmp_path):
+    rows = [{"input": "p", "output": o, "score": s, "uid": u} for o, s, u in (("a", 1.0, "x"), ("b", 0.0, "y"))]
+    (tmp_path / "1.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "2.jsonl").write_text("\n".join(json.dumps(dict(r, uid=r["uid"] * 2)) for r in reversed(rows)))
+    assert grid.rollout_digest(tmp_path / "1.jsonl") == grid.rollout_digest(tmp_path / "2.jsonl")
+    rows[0]["output"] = "c"
+    (tmp_path / "3.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert grid.rollout_digest(tmp_path / "3.jsonl") != grid.rollout_digest(tmp_path / "1.jsonl")
+    assert grid.rollout_digest(tmp_path / "none.jsonl") is None
+
+
+def test_export_run_writes_the_committable_record(tmp_path):
+    run = tmp_path / "mrtpo_seed3"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "main_mrtpo.log").write_text("step:1 - mrtpo/reward/format/mean:0.5 - actor/grad_norm:0.2 - timing_s/gen:3\n"
+                                        "step:2 - mrtpo/reward/format/mean:0.75 - actor/grad_norm:0.4\n")
+    (run / "rollouts" / "1.jsonl").write_text(json.dumps({"input": "p", "output": "o", "score": 1.0}))
+    res = {"ok": True, "key": "k", "key_parts": {"code": "c"}, "wall_s": 5.0, "steps_logged": [1, 2], "log": "main_mrtpo.log"}
+    rec = json.loads(grid.export_run(run, "mrtpo", 3, res, tmp_path / "out").read_text())
+    assert rec["metrics"]["mrtpo/reward/format/mean"] == {"1": 0.5, "2": 0.75} and "timing_s/gen" not in rec["metrics"]
+    assert rec["rollouts"]["1"] is not None and rec["rollouts"]["2"] is None and rec["key_parts"] == {"code": "c"}
+
+
+# ------------------------------------------------------------------ the analysis
+def record(arm, seed, fmt, cor=None, digest="same", ok=True):
+    metrics = {analysis.FORMAT_KEY: {str(k + 1): v for k, v in enumerate(fmt)}}
+    if cor is not None:
+        metrics[analysis.CORRECTNESS_KEY] = {str(k + 1): v for k, v in enumerate(cor)}
+    return {"arm": arm, "seed": seed, "ok": ok, "key": f"{arm}{seed}", "key_parts": {"code": "c"},
+            "rollouts": {"1": f"{digest}{seed}"}, "metrics": metrics}
+
+
+def ramp(reach: int, steps: int = 10) -> list[float]:
+    """A format curve whose 3-step running mean first reaches 0.8 at ``reach`` (never when reach > steps)."""
+    return [0.9 if k + 1 >= reach - 2 else 0.3 for k in range(steps)]
+
+
+def test_run_endpoints_are_the_plans_definitions():
+    fmt = ramp(6)
+    e = analysis.run_endpoints(record("mrtpo", 0, fmt, [1.0] * 3 + [2.0] * 7), steps=10)
+    assert e["T"] == 6 and not e["censored"] and e["auc"] == pytest.approx(sum(fmt) / 10)
+    assert e["correctness_gain"] == pytest.approx(1.0)
+    e = analysis.run_endpoints(record("mrtpo", 0, [0.3] * 10), steps=10)
+    assert e["T"] == 11 and e["censored"]
+    assert analysis.run_endpoints(record("mrtpo", 0, [0.3] * 9), steps=10)["failed"]  # a step missing
+    assert analysis.run_endpoints(record("mrtpo", 0, [0.3] * 10, ok=False), steps=10)["failed"]
+
+
+def grid_records(gdpo_digest="same"):
+    reach = {"mrtpo": [4, 5, 6, 11], "gdpo": [6, 8, 7, 9], "grpo": [7, 7, 9, 11], "shuffle": [9, 6, 11, 8]}
+    recs = {}
+    for arm, ts in reach.items():
+        for s, t in enumerate(ts):
+            recs[(arm, s)] = record(arm, s, ramp(t), [0.0] * 10, digest=gdpo_digest if arm == "gdpo" else "same")
+    return recs, reach
+
+
+def test_the_primary_comparison_is_paired_exact_and_the_family_holm_adjusted():
+    recs, reach = grid_records()
+    res = analysis.analyse(recs, steps=10)
+    p = res["primary"]
+    d = [a - b for a, b in zip(reach["mrtpo"], reach["gdpo"])]
+    brute = sum(abs(sum(e * x for e, x in zip(sg, d))) >= abs(sum(d)) for sg in itertools.product((1, -1), repeat=4)) / 16
+    assert p["test"].startswith("exact paired") and p["n"] == 4 and p["diff"] == pytest.approx(sum(d) / 4)
+    assert p["p"] == pytest.approx(brute) and p["ci"] == pytest.approx(stats.bootstrap_interval(d))
+    assert p["censored"] == [1, 0]
+    raw = [c["p"] for c in res["family"]]
+    assert [c["p_holm"] for c in res["family"]] == pytest.approx(stats.holm(raw))
+    assert [(c["a"], c["b"]) for c in res["family"]] == list(analysis.FAMILY)
+    assert res["auc_secondary"]["endpoint"] == "auc"
+    md = analysis.render(res)
+    assert "**Primary** (MRTPO - GDPO" in md and "p (Holm)" in md and "| mrtpo | 4 | 5 | 6 | 11 |" in md
+
+
+def test_seeds_that_did_not_sample_the_same_first_batch_are_compared_unpaired():
+    recs, reach = grid_records(gdpo_digest="other")
+    p = analysis.analyse(recs, steps=10)["primary"]
+    assert p["test"] == "exact unpaired permutation" and "differ" in p["pairing"]
+    assert p["p"] == pytest.approx(stats.unpaired_permutation_p(reach["mrtpo"], reach["gdpo"])["p"])
+
+
+def test_a_failed_run_leaves_its_seed_out_of_that_arms_comparisons():
+    recs, _ = grid_records()
+    recs[("gdpo", 3)]["ok"] = False
+    res = analysis.analyse(recs, steps=10)
+    assert res["primary"]["n"] == 3 and res["per_run"]["gdpo_seed3"]["failed"]
+    assert "Failed runs: gdpo_seed3" in analysis.render(res)
+
+
+def test_the_command_writes_the_json_and_the_tables(tmp_path):
+    recs, _ = grid_records()
+    (tmp_path / "runs").mkdir()
+    for (arm, s), r in recs.items():
+        (tmp_path / "runs" / f"{arm}_seed{s}.json").write_text(json.dumps(r))
+    assert analysis.main(["--records", str(tmp_path / "runs"), "--out", str(tmp_path), "--steps", "10"]) == 0
+    out = json.loads((tmp_path / "per_seed.json").read_text())
+    assert out["per_run"]["mrtpo_seed0"]["T"] == 4 and (tmp_path / "analysis.md").is_file()
+    assert (tmp_path / "instability.md").read_text().startswith("# Format speed: the instability")
+
+
+# ------------------------------------------------------------------ the instability
+def test_spikes_drops_and_precedence_on_a_synthetic_run():
+    grad = {k: 1.0 for k in range(1, 13)}
+    grad[6] = 5.0  # a spike (5 > 2 x median 1)
+    cor = {k: 2.5 for k in range(1, 13)}
+    cor[8] = 1.0  # a drop two steps after the spike: preceded
+    cor[12] = 1.0  # a drop with no spike before it
+    assert instability.spikes(grad) == [6]
+    assert instability.drops(cor) == [8, 12]
+    assert instability.preceded([8, 12], [6]) == 1
+    # of the steps 4..12, those with a spike at j-1 or j-2: 7 and 8
+    assert instability.base_rate(list(cor), [6]) == pytest.approx(2 / 9)
+    rec = {"arm": "mrtpo", "seed": 0, "ok": True, "metrics": {
+        "actor/grad_norm": {str(k): v for k, v in grad.items()}, instability.CORRECTNESS: {str(k): v for k, v in cor.items()},
+        "critic/advantages/max": {"1": 2.0, "2": 11.5}, "critic/advantages/min": {"1": -13.0, "2": -3.0},
+        "mrtpo/adv_top_share_max": {"1": 0.4, "2": 0.9}, "actor/pg_clipfrac": {"1": 0.0, "2": 0.5}}}
+    r = instability.run_instability(rec)
+    assert r["max_abs_adv"] == 13.0 and r["top_share_max"] == 0.9 and r["clipfrac_mean"] == 0.25
+    assert r["drops_after_spike"] == 1 and r["grad_norm_max"] == 5.0
+    table = instability.render_instability({"mrtpo_seed0": r})
+    assert "| mrtpo | 1 | 13.00 (13.00) | 90% (90%) |" in table
