@@ -45,6 +45,7 @@ ALGO_EXPECT = {
     "cort": ("mrtpo", "cort", False),
     "shuffle": ("mrtpo", "mrtpo", True),
     "opsd": ("gdpo", "opsd", False),
+    "gdpo-distill": ("gdpo", "gdpo-distill", False),
     "rlsd": ("gdpo", "rlsd", False),
 }
 # script -> ALGO of its dry run (None: ALGO unset, the default mrtpo). Every ALGO value occurs.
@@ -54,7 +55,7 @@ DRY_RUNS = {
     "qwen1.5b_toolcall": "grpo",
     "qwen3b_ifbench": "cort",
     "qwen3b_text2sql": "shuffle",
-    "qwen3b_toolcall": "mrtpo",
+    "qwen3b_toolcall": "gdpo-distill",
     "qwen7b_ifbench": "gdpo",
     "qwen7b_text2sql": "opsd",
     "qwen7b_toolcall": "rlsd",
@@ -167,8 +168,11 @@ def test_dry_run_config(dry_runs, name):
     assert cfg["algorithm"]["adv_estimator"] == est
     assert cfg["mrtpo"]["mode"] == mode
     assert cfg["mrtpo"]["shuffle"] is shuffle
-    if algo == "opsd":  # the teacher is the actor itself: verl's teacher servers stay off
-        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (32, "forward_kl_topk", 1.0)
+    if algo == "opsd":  # the reference's recommended run: JSD beta 0.5, top-50 renormalised; verl's teacher servers off
+        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_beta"], cfg["mrtpo"]["opsd_support"]) == (None, 0.5, "topk")
+        assert cfg["distillation"]["enabled"] is False
+    if algo == "gdpo-distill":  # the teacher is the actor itself: verl's teacher servers stay off
+        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (None, "forward_kl_topk", 1.0)
         assert cfg["distillation"]["enabled"] is False
     assert cfg["mrtpo"]["replay"] is True  # never switched off: replay runs iff adv_estimator == mrtpo
     assert (cfg["mrtpo"]["beta"], cfg["mrtpo"]["warmup_steps"], cfg["mrtpo"]["max_realloc_rms"]) == (0.5, 10, 1.0)
@@ -210,7 +214,8 @@ def test_dry_run_config(dry_runs, name):
     assert arr["rollout"]["n"] == 4 and arr["rollout"]["name"] == "vllm"
     assert arr["actor"]["optim"]["lr"] == 1e-6
     assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == (4096 if task == "text2sql" else 2048, 1024)
-    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, 0.001, "low_var_kl")
+    kl_coef = 0 if algo == "opsd" else 0.001  # ALGO=opsd's overrides: its loss has no KL term (the reference worker stays)
+    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, kl_coef, "low_var_kl")
     assert cfg["algorithm"]["use_kl_in_reward"] is False
     # ... and the extra overrides, passed last, won over the script's own values
     assert cfg["trainer"]["test_freq"] == 7
