@@ -12,6 +12,9 @@
     <out-dir>/ifeval/test.parquet                     IFEval's 541 prompts
     <out-dir>/ifbench/test.parquet                    IFBench's 300 prompts
     <out-dir>/bfcl/{train,test}.parquet               BFCL's 8 AST-checkable categories, hash split (30% test)
+    <out-dir>/bfcl_multi_turn/{train,test}.parquet    BFCL's 4 multi-turn categories, split by scenario (50% test)
+    <out-dir>/bfcl_multi_turn_offline/{train,test}.parquet
+                                                      9 short multi-turn questions for CPU runs (6 train, 3 test)
 
 with each builder's defaults (see ``python -m data_prep.<builder> --help``), printing each data card
 and a final summary of files, row counts and sha256. One set failing (a missing asset) is reported
@@ -23,6 +26,8 @@ need local copies and are built with their own commands.
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from data_prep import instruction_following as IFB
+from data_prep import multi_turn as MTB
 from data_prep import text_to_sql as SQLB
 from data_prep import tool_calling as TOOLB
 from data_prep.common import SkipLog, print_data_card, write_splits
@@ -72,6 +78,30 @@ def _bfcl(out: Path, seed: int, skips: SkipLog):
     return "bfcl", rows, read, TOOLB.card_columns()
 
 
+_MULTI_TURN: dict[int, tuple] = {}  # seed -> (rows, read, skipped): both multi-turn sets come from one build
+
+
+def _multi_turn_rows(seed: int, skips: SkipLog) -> tuple[list[dict], int]:
+    if seed not in _MULTI_TURN:
+        own = SkipLog(stream=open(os.devnull, "w"))  # noqa: SIM115 - replayed into each caller's log below
+        rows, read = MTB.build_rows(seed=seed, skips=own)
+        _MULTI_TURN[seed] = (rows, read, own.entries)
+    rows, read, skipped = _MULTI_TURN[seed]
+    for entry in skipped:
+        skips.skip(*entry)
+    return copy.deepcopy(rows), read
+
+
+def _bfcl_multi_turn(out: Path, seed: int, skips: SkipLog):
+    rows, read = _multi_turn_rows(seed, skips)
+    return "bfcl_multi_turn", rows, read, MTB.card_columns()
+
+
+def _bfcl_multi_turn_offline(out: Path, seed: int, skips: SkipLog):
+    rows, read = _multi_turn_rows(seed, skips)
+    return "bfcl_multi_turn_offline", MTB.offline_rows(rows), read, MTB.card_columns()
+
+
 #: name -> builder(out, seed, skips) -> (folder name, rows, records read, data-card columns)
 SETS: dict[str, Callable] = {
     "chinook": _chinook,
@@ -80,6 +110,8 @@ SETS: dict[str, Callable] = {
     "ifeval": _ifeval,
     "ifbench": _ifbench,
     "bfcl": _bfcl,
+    "bfcl_multi_turn": _bfcl_multi_turn,
+    "bfcl_multi_turn_offline": _bfcl_multi_turn_offline,
 }
 
 
@@ -110,7 +142,8 @@ def build_all(out: Path, seed: int = 0, only: Optional[list[str]] = None) -> tup
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.build_offline",
-        description="Build every offline data set (Chinook, instruction following, IFEval, IFBench, BFCL) "
+        description="Build every offline data set (Chinook, instruction following, IFEval, IFBench, BFCL, BFCL "
+        "multi-turn) "
         "into one folder, printing a data card for each.",
         epilog=__doc__.split("writes::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -68,6 +68,7 @@ DATA_SOURCES = (
     "ifeval",
     "ifbench",
     "bfcl",
+    "bfcl_multi_turn",
     "tool_calling",
     "toolrl",
 )

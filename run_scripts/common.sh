@@ -23,6 +23,9 @@
 #                              opsd_topk / opsd_support, docs/opsd.md)
 #                      gdpo-distill gdpo + mrtpo.mode=gdpo-distill (not OPSD: GDPO's policy loss + verl's top-k forward
 #                              KL to the live policy under P_all; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef)
+#                      rlsd    gdpo + mrtpo.mode=rlsd         (GDPO's advantage reweighted per token by the P_all teacher)
+#                      sdpo    gdpo + mrtpo.mode=sdpo         (SDPO: JSD to an EMA teacher under P_all over the student's
+#                              top-100 + tail, no RL term; knobs mrtpo.sdpo_*, docs/opsd.md)
 #                    A knob the method does not read (say mrtpo.beta=0.3 with ALGO=gdpo) is refused before Ray starts.
 #   MODEL_PATH       hub id or local folder (default: the script's Qwen2.5 / Qwen2.5-Coder Instruct model)
 #   TRAIN_FILES      parquet file(s), comma-separated (default: the task's set under data/, see _mrtpo_task)

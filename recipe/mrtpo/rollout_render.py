@@ -9,6 +9,9 @@ tokenizer, messages, tokenize=True, add_generation_prompt=True, tools=tools, **d
   ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path``
   (``verl.tools.tool_registry.load_all_tools``), filtered by the row's ``extra_info.tool_selection`` when it has
   one, in the selection's order (``ToolAgentLoop.run``);
+- for a row run by the BFCL multi-turn loop (``agent_name`` ``bfcl_multi_turn``,
+  :mod:`recipe.mrtpo.agent.bfcl_loop`): the row's own function specs, ``extra_info["tools"]``
+  (:func:`recipe.mrtpo.agent.bfcl_env.tools_of_row`);
 - for any other row (the single-turn loop): none.
 
 and ``actor_rollout_ref.model.custom_chat_template`` replaces the tokenizer's template when set. The replay's
@@ -25,6 +28,7 @@ from typing import Any, Optional
 from recipe.mrtpo.methods.types import get_key  # config.a.b.c or a default (standard library only)
 
 TOOL_AGENT = "tool_agent"
+BFCL_AGENT = "bfcl_multi_turn"  # recipe.mrtpo.agent.bfcl_env.AGENT_NAME (a test checks they agree)
 
 
 def _plain(x):
@@ -52,12 +56,15 @@ class RolloutRender:
         self.default_agent = str(get_key(config, "actor_rollout_ref.rollout.agent.default_agent_loop", "") or "")
         self.tool_config_path = get_key(config, "actor_rollout_ref.rollout.multi_turn.tool_config_path", None)
         self.function_tool_path = get_key(config, "actor_rollout_ref.rollout.multi_turn.function_tool_path", None)
+        self.agent_loop_config_path = get_key(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path", None)
         self._schemas = tool_schemas
 
     @property
     def has_tools(self) -> bool:
-        """Whether any row can have been rendered with tools (a tool config, or schemas given)."""
-        return self._schemas is not None or bool(self.tool_config_path or self.function_tool_path)
+        """Whether any row can have been rendered with tools (a tool config, schemas given, or an agent-loop file
+        or default loop that can run the BFCL loop, whose rows carry their tools)."""
+        return (self._schemas is not None or bool(self.tool_config_path or self.function_tool_path)
+                or bool(self.agent_loop_config_path) or self.default_agent == BFCL_AGENT)
 
     def schemas(self) -> list[dict]:
         """The loaded tools' schemas, as the agent loop worker loads them (once)."""
@@ -76,8 +83,13 @@ class RolloutRender:
         return self._schemas
 
     def tools_of(self, agent_name: Optional[str] = None, extra_info: Optional[dict] = None) -> Optional[list[dict]]:
-        """The ``tools=`` a row was rendered with: None unless the tool agent loop ran it (module docstring)."""
+        """The ``tools=`` a row was rendered with: None unless the tool agent loop or the BFCL loop ran it
+        (module docstring)."""
         agent = str(agent_name or self.default_agent or "")
+        if agent == BFCL_AGENT:
+            from recipe.mrtpo.agent.bfcl_env import tools_of_row
+
+            return tools_of_row(_plain(extra_info) or {})
         if agent != TOOL_AGENT:
             return None
         schemas = self.schemas()

@@ -25,6 +25,12 @@ through ``agg_loss``, the rollout-vs-actor debug metrics when ``rollout.calculat
 :func:`read_old_log_prob_batch` and :func:`write_old_log_probs`; the bypass mode (old = rollout log-probs)
 is left to verl (the trainer does not fuse then). ``OLD_LOG_PROB_SOURCE_SHA256`` pins that method.
 Everything else of the loop is verl's own.
+
+The functions other modules restate or follow are pinned here too, by name -> sha256 of the dedented
+source (:func:`named_source`, the one reader of such sources; :func:`changed_sources` compares):
+verl's log-prob numerics (:data:`NUMERICS_SOURCES`), verl's agent-loop pieces the BFCL loop builds on
+(:data:`AGENT_LOOP_SOURCES`), and bfcl-eval's functions the BFCL environment restates
+(:data:`BFCL_SOURCES`, read with ``ast``: its model handlers cannot be imported).
 """
 
 from __future__ import annotations
@@ -227,20 +233,87 @@ def check_distillation_sources() -> list[str]:
     return [n for n, sha in DISTILLATION_SOURCES.items() if source_sha256(named_source(n)) != sha]
 
 
-def named_source(name: str) -> str:
-    """The dedented source of ``module:qualname`` (what :data:`NUMERICS_SOURCES` and :data:`DISTILLATION_SOURCES` hash)."""
+def named_source(name: str, package: str = "") -> str:
+    """The dedented source of ``name``, what the pins of this module hash.
+
+    ``module:qualname`` (verl's pins): imported, ``textwrap.dedent(inspect.getsource(obj))``. With ``package``
+    (:data:`BFCL_SOURCES`: ``package="bfcl_eval"``), ``file:qualname`` with ``file`` relative to that installed
+    package, read with ``ast`` without importing it (bfcl-eval's model handlers cannot be imported without their
+    heavy dependencies): the dedented ``ast.get_source_segment`` of the definition (no decorators; its first line
+    is not indented, so the dedent leaves the body as in the file).
+    """
     import importlib
 
-    mod, qual = name.split(":")
-    obj = importlib.import_module(mod)
+    where, qual = name.split(":")
+    if not package:
+        obj = importlib.import_module(where)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return textwrap.dedent(inspect.getsource(obj))
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(list(importlib.util.find_spec(package).submodule_search_locations)[0])
+    text = (root / where).read_text()
+    node: Any = ast.parse(text)
     for part in qual.split("."):
-        obj = getattr(obj, part)
-    return textwrap.dedent(inspect.getsource(obj))
+        node = next(n for n in ast.iter_child_nodes(node)
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part)
+    return textwrap.dedent(ast.get_source_segment(text, node))
+
+
+def changed_sources(pins: dict[str, str], package: str = "") -> list[str]:
+    """The names of ``pins`` (name -> sha256, :func:`named_source`'s forms) whose installed source differs."""
+    return [n for n, sha in pins.items() if source_sha256(named_source(n, package)) != sha]
 
 
 def check_numerics_sources() -> list[str]:
     """The :data:`NUMERICS_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
-    return [n for n, sha in NUMERICS_SOURCES.items() if source_sha256(named_source(n)) != sha]
+    return changed_sources(NUMERICS_SOURCES)
+
+
+# ------------------------------------------------------------------ the agent loop's reliance on verl
+#: verl 0.9.1 pieces the BFCL agent loop (``recipe.mrtpo.agent.bfcl_loop``) builds on or restates, by
+#: ``module:qualname`` -> sha256 of the dedented source: the registry it registers with; the keyword arguments
+#: the worker passes to a loop (``_VERL_KWARGS``); the Continuous Token calls that build the prompt and append
+#: assistant / context tokens, and the mask rule they apply (assistant 1, context and inserted boundary 0);
+#: the tool loop's cut of a long tool response (``truncate_tool_text``).
+AGENT_LOOP_SOURCES = {
+    "verl.experimental.agent_loop.agent_loop:register": "d4713a91cdbbbe838a94a77d7089c113f63b95b0d635796db0b24c5fb25389bb",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop": "afb90a4a12333ee027a1d2d20a6a39e9cec9cd63418d5215ffe2f8364cc41267",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_build_initial_tokens": "03e5d1170097a843a4b05dabf195020d8e407d37bce3231998bcd865b36d9dc8",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_merge_context_msg": "a72fe5cc792fa5f87d9efb6f879b042beaa6a431b37b20e60c039aaa00aff595",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopBase.ct_merge_assistant_token": "91c7a99fc40779a1594684d0530da262ec4017adc7580192333abdcffe0798c7",
+    "verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata": "eb906d3082c9c27bf4780c759b080eeeb36c867742c08f406f9c9cdef95d0677",
+    "verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop._call_tool": "571416855e7616759ce5b9f4e9ae6ea52274c6dd37147c9bf7689fa747dfd7dd",
+}
+
+
+def check_agent_loop_sources() -> list[str]:
+    """The :data:`AGENT_LOOP_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return changed_sources(AGENT_LOOP_SOURCES)
+
+
+#: the bfcl-eval 2026.3.23 functions the BFCL agent loop's environment (``recipe.mrtpo.agent.bfcl_env``)
+#: restates or follows, ``file:qualname`` (relative to the package) -> sha256 of the dedented source, read with
+#: ``ast`` (:func:`named_source` with ``package="bfcl_eval"``); :func:`check_bfcl_sources` lists those that
+#: differ (tests/unit/test_bfcl_loop.py)
+BFCL_SOURCES = {
+    # the protocol: steps until an empty decode, held-out functions at their turn, MAXIMUM_STEP_LIMIT
+    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_FC": "031e178d94ffbbad94bcda40483931ad1a465c6485850f5e08b4b3aa0370fe9f",
+    "model_handler/base_handler.py:BaseHandler.inference_multi_turn_prompting": "a6a0c35fbc673652a0f592c5a400ff24b811cafa03c3824fd6fa1ce3421a73d4",
+    # the call strings (bfcl_env.call_string) and Qwen FC's decoding into them
+    "model_handler/utils.py:convert_to_function_call": "ccf0ea0cc6893051e8ef9b013e7d8373bc9acc5834729812d08cea35418007ed",
+    "model_handler/local_inference/qwen_fc.py:QwenFCHandler.decode_execute": "0a77fce82e77981752ae00ae6126711e2017abcfad269e648edb516927018c7a",
+    # instances, result strings, refused names (bfcl_env.BFCLEnv)
+    "eval_checker/multi_turn_eval/multi_turn_utils.py:execute_multi_turn_func_call": "bbfe4e02aa0a977184f9b0998b6c92937f4a7aa662a220295d03cd0aa25955f1",
+}
+
+
+def check_bfcl_sources() -> list[str]:
+    """The :data:`BFCL_SOURCES` whose installed source is not the pinned one (empty: bfcl-eval as pinned)."""
+    return changed_sources(BFCL_SOURCES, package="bfcl_eval")
 
 
 def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
@@ -257,3 +330,47 @@ def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
     assert len(output) == len(batch)
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["log_probs", "response_mask"])
     return torch.nested.to_padded_tensor(response_from_nested(data["log_probs"], data["response_mask"]), 0.0).float()
+
+
+# ------------------------------------------------------------------ what SDPO relies on (methods/sdpo/, worker.py)
+#: verl 0.9.1 code SDPO's loss and EMA teacher rely on, by ``module:qualname`` -> sha256 of the dedented source:
+#: - the distillation-loss registry (``register_distillation_loss``) and ``distillation_ppo_loss`` /
+#:   ``distillation_loss``: a registered top-k loss is called with the model output the logits processor filled,
+#:   aggregated with ``agg_loss`` over the response mask, no policy loss when ``use_task_rewards`` and
+#:   ``use_policy_gradient`` are off (``methods.sdpo.loss``);
+#: - ``prepare_model_outputs`` (pinned above) calls the loss function as a logits processor
+#:   (``student_logits=``) when the micro-batch's ``distillation_use_topk`` is set;
+#: - the v1 trainer's ``_save_checkpoint`` / ``_load_checkpoint`` call the actor worker group's
+#:   ``save_checkpoint`` / ``load_checkpoint`` with the actor's folder (the EMA teacher is saved in it), and the
+#:   worker's ``update_actor`` runs every mini-batch of the step in one call (the EMA update follows it);
+#: - ``EngineEvalModeCtx.__exit__`` reshards the root only when ``fsdp_size > 1``, so the EMA swap reshards
+#:   itself (:func:`fsdp_reshard`).
+SDPO_SOURCES = {
+    "verl.trainer.distillation.losses:register_distillation_loss": "45a1074d208fd5971fe7701cdcbaa80c50ecec322bac3e2cc97be2e6bddbed6c",
+    "verl.trainer.distillation.losses:distillation_ppo_loss": "7339ada238b21a87fc143d042b0b61a42dd61880f9ef86734fac32d17990db80",
+    "verl.trainer.distillation.losses:distillation_loss": "2e6165dd431f2741165a8a3d908d0c314a73f687d953d9ae7600cbb04a95a7bb",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint": "1ceb1e087ce91c9251f98140353938221134f8ee0fe990697de93db975fa82c0",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint": "52b412c5395b2cae290a6cf24c7f981d19b9458cda623170d776be844cb7cbec",
+    "verl.workers.engine_workers:ActorRolloutRefWorker.update_actor": "09c49c66ee2fd97a1b6f6737cb22b09360e6af1d6e991650c0339ee917d5a775",
+    "verl.workers.engine_workers:ActorRolloutRefWorker.save_checkpoint": "31ecd24c0576b57ca544e60148de26149c2569b8cc0c153b4a656d73a4a804da",
+    "verl.workers.engine_workers:ActorRolloutRefWorker.load_checkpoint": "2713c0c8f4705df9d30e610133e80ae0fbf74e2620a6577cbd86151946a6d20a",
+    "verl.workers.engine.fsdp.transformer_impl:EngineEvalModeCtx.__exit__": "ecb2bbcc6f3c82d495f73b23565facc9214acdf6a0c4cdacecc2fe664b4a1139",
+}
+
+
+def check_sdpo_sources() -> list[str]:
+    """The :data:`SDPO_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return changed_sources(SDPO_SOURCES)
+
+
+def fsdp_reshard(module) -> None:
+    """Reshard an FSDP2 module's parameters (``FSDPModule.reshard``: its unsharded copies are dropped, the next
+    forward gathers the local shards again); nothing for a module verl did not wrap. FSDP1 is refused by
+    SDPO's checks (``methods.sdpo.check_sdpo``)."""
+    from verl.utils.fsdp_utils import fsdp_version
+
+    version = fsdp_version(module)
+    if version == 2:
+        module.reshard()
+    elif version == 1:
+        raise NotImplementedError("SDPO's EMA teacher swaps FSDP2 shards; the actor runs FSDP1 (actor.strategy=fsdp2)")

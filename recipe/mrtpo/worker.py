@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 
 import torch
 from tensordict import TensorDict
-from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -248,11 +249,16 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        """verl's ``update_actor``; with a self-teacher's settings in the batch, through its distillation loss
-        (``methods/opsd/loss.py``: OPSD's JSD or verl's ``distillation_ppo_loss``)."""
+        """verl's ``update_actor``; with OPSD's or gdpo-distill's settings in the batch, through its distillation loss
+        (``methods/opsd/loss.py``: OPSD's JSD or verl's ``distillation_ppo_loss``); with SDPO's, through SDPO's loss
+        and then the EMA teacher's update (:meth:`_sdpo_update_actor`)."""
         from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
         from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key, uses_topk_logits
+        from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY as SDPO_SETTINGS_KEY
 
+        sdpo = tu.pop(data, key=SDPO_SETTINGS_KEY, default=None)
+        if sdpo is not None:
+            return self._sdpo_update_actor(data, sdpo)
         settings = tu.pop(data, key=LOSS_SETTINGS_KEY, default=None)
         installed = getattr(self, "_opsd_loss_key", None)
         if settings is None and installed is not None:  # back to verl's own loss
@@ -267,6 +273,120 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
                 self.actor.set_loss_fn(self.loss_fn)
             tu.assign_non_tensor(data, distillation_use_topk=uses_topk_logits(settings))
         return super().update_actor(data)
+
+    # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)
+    # Why these worker changes: SDPO's teacher is an EMA of the actor's weights, which only the actor's workers
+    # hold (a sharded copy beside the actor's shards, methods/sdpo/ema.py). So the worker owns it: it runs the
+    # teacher pass with it swapped in (compute_sdpo_teacher), updates it after each actor update
+    # (_sdpo_update_actor) and saves / restores it with the actor's checkpoint (save_checkpoint, load_checkpoint).
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_sdpo_teacher(self, data: TensorDict) -> TensorDict:
+        """SDPO's teacher pass of this rank's rows (:func:`sdpo_rows`): the behaviour policy's top-k ids on the
+        rollout prompts, then the EMA teacher (swapped into the actor's shards) at those ids on P_all."""
+        return self._no_grad_pass(partial(sdpo_rows, worker=self), data, "the SDPO teacher pass")
+
+    def _sdpo_teacher(self):
+        """The EMA teacher: restored by :meth:`load_checkpoint`, else the actor's weights at the first pass (the
+        initial policy); a resumed run whose checkpoint holds none is refused (its teacher is lost)."""
+        from recipe.mrtpo.methods.sdpo.ema import EMATeacher
+
+        teacher = getattr(self, "_sdpo_ema", None)
+        if teacher is None:
+            lost = getattr(self, "_sdpo_resumed_without", None)
+            if lost:
+                raise RuntimeError(f"SDPO: the run resumed from {lost}, which holds no EMA teacher ({SDPO_TEACHER_DIR}/): "
+                                   "the teacher cannot be restored. Resume from an SDPO checkpoint or start a new run")
+            self._sdpo_reshard()  # the local shards, not the root's gathered parameters (FSDP2 after a no-grad forward)
+            teacher = self._sdpo_ema = EMATeacher.from_module(self.actor.engine.module)
+        return teacher
+
+    def _sdpo_reshard(self):
+        from recipe.mrtpo.verl_seam import fsdp_reshard
+
+        return fsdp_reshard(self.actor.engine.module)
+
+    def _sdpo_update_actor(self, data: TensorDict, settings: dict) -> TensorDict:
+        """verl's ``update_actor`` with SDPO's loss (installed once; the settings' non-tensor entries on the batch), then
+        ``theta_T <- (1 - rate) theta_T + rate theta_S`` (SDPO's ``_update_teacher``, once per update call as the
+        reference, after all its mini-batches)."""
+        from recipe.mrtpo.methods.opsd.loss import settings_key
+        from recipe.mrtpo.methods.sdpo.loss import batch_settings, sdpo_loss_fn
+
+        key = settings_key({k: settings[k] for k in ("topk",)})
+        if getattr(self, "_sdpo_loss_key", None) != key:
+            verl_loss = getattr(self, "_verl_loss_fn", None) or self.loss_fn
+            self._verl_loss_fn = verl_loss
+            self.loss_fn = sdpo_loss_fn(verl_loss.keywords["config"], settings)
+            self._sdpo_loss_key = key
+            self.actor.set_loss_fn(self.loss_fn)
+        teacher = self._sdpo_teacher()  # before the update: the first step's teacher is the initial policy
+        tu.assign_non_tensor(data, **batch_settings(settings))
+        out = super().update_actor(data)
+        self._sdpo_reshard()
+        teacher.update(self.actor.engine.module, float(settings["ema_rate"]))
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        """verl's, plus SDPO's EMA teacher (this rank's shards) in ``<local_path>/sdpo_ema_teacher/``."""
+        out = super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        teacher = getattr(self, "_sdpo_ema", None)
+        if teacher is not None and local_path:
+            folder = os.path.join(local_path, SDPO_TEACHER_DIR)
+            os.makedirs(folder, exist_ok=True)
+            torch.save(teacher.state_dict(), os.path.join(folder, _rank_file()))
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        """verl's, plus SDPO's EMA teacher where the checkpoint holds one (bit for bit as saved)."""
+        path = os.path.join(local_path, SDPO_TEACHER_DIR, _rank_file()) if local_path else ""
+        state = torch.load(path, map_location="cpu", weights_only=True) if path and os.path.exists(path) else None
+        out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        if state is not None:
+            from recipe.mrtpo.methods.sdpo.ema import EMATeacher
+
+            self._sdpo_reshard()
+            self._sdpo_ema, self._sdpo_resumed_without = EMATeacher.from_state_dict(state, self.actor.engine.module), None
+        else:
+            self._sdpo_ema, self._sdpo_resumed_without = None, local_path
+        return out
+
+
+#: the folder of SDPO's EMA teacher in the actor's checkpoint (one file per rank, as verl's model shards)
+SDPO_TEACHER_DIR = "sdpo_ema_teacher"
+
+
+def _rank_file() -> str:
+    dist = torch.distributed
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return f"rank_{rank}_of_{world}.pt"
+
+
+def sdpo_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", worker=None, **model) -> TensorDict:
+    """This rank's rows through :func:`recipe.mrtpo.methods.sdpo.teacher.sdpo_teacher_rows`, the EMA teacher of
+    ``worker`` swapped in for the teacher's forwards; answers OPSD's field names (``methods.opsd.driver``) plus
+    ``teacher_fingerprint`` [R, 2] (:meth:`EMATeacher.fingerprint`, the same on every row)."""
+    from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
+    from recipe.mrtpo.methods.sdpo.teacher import sdpo_teacher_rows
+
+    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_sdpo_teacher", attn, **model)
+    teacher, module = worker._sdpo_teacher(), worker.actor.engine.module
+    keys = ("prompt_ids", "prompt_lens", "student_prompt_ids", "student_prompt_lens", "responses", "response_mask")
+    out = sdpo_teacher_rows(forward, {k: data[k].cpu() for k in keys}, int(wire["topk"]), settings,
+                            lambda: teacher.swapped(module, worker._sdpo_reshard), device=device, sync_forward_count=sync)
+    R = data["prompt_lens"].shape[0]
+    fp = torch.tensor(teacher.fingerprint(), dtype=torch.float64).expand(R, 2).clone()
+    return TensorDict(
+        {
+            "teacher_topk_logprobs": out["topk_logprobs"],
+            "teacher_topk_ids": out["topk_ids"].to(torch.int32),  # < 2^31 token ids; half the bytes of k = 100 ids
+            "teacher_token_logprobs": out["token_logprobs"],
+            "teacher_forwards": _pass_counts(out, R),
+            "teacher_fingerprint": fp,
+        },
+        batch_size=[R],
+    )
 
 
 def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:

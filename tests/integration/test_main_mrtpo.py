@@ -97,6 +97,12 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
         (("algorithm.adv_estimator=gdpo", "mrtpo.rlsd_lambda=0.3"), "mrtpo.rlsd_lambda=0.3", "gdpo"),
         (("algorithm.adv_estimator=mrtpo", "mrtpo.rlsd_negative_only=True"), "mrtpo.rlsd_negative_only=True", "mrtpo"),
         (("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", f"{ARR}.model.use_fused_kernels=True"), "use_fused_kernels", "rlsd"),
+        (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=sdpo"), "mrtpo.mode=sdpo", "sdpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=sdpo", f"{ARR}.actor.strategy=fsdp2", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "sdpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=sdpo", f"{ARR}.actor.strategy=fsdp2", "mrtpo.reward_weighting=saw"),
+         "mrtpo.reward_weighting=saw", "sdpo"),  # the advantage is not trained on: its knobs would do nothing
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "mrtpo.sdpo_ema_rate=0.1"), "mrtpo.sdpo_ema_rate=0.1", "opsd"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.mode=sdpo"), f"{ARR}.actor.strategy=fsdp", "sdpo"),
     ],
 )
 def test_inert_or_contradictory_settings_are_refused_naming_the_setting_and_the_method(overrides, setting, method):
@@ -247,6 +253,21 @@ def test_opsd_settings_are_refused_before_ray():
     check_config(compose_cfg(*base))
     for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                      ("distillation.enabled=True", "distillation.enabled=False")):
+        with pytest.raises(ValueError, match=msg):
+            check_config(compose_cfg(*base, bad))
+
+
+def test_sdpo_settings_are_refused_before_ray():
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    base = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=sdpo", f"{ARR}.actor.strategy=fsdp2")
+    assert check_config(compose_cfg(*base)).name == "sdpo"
+    assert check_config(compose_cfg(*base, f"{ARR}.actor.use_kl_loss=True")).name == "sdpo"  # added as SDPO's actor adds it
+    for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
+                     ("distillation.enabled=True", "distillation.enabled=False"),
+                     ("algorithm.use_kl_in_reward=True", "use_kl_in_reward=True has no effect with method sdpo"),
+                     ("algorithm.norm_adv_by_std_in_grpo=False", "norm_adv_by_std_in_grpo=False has no effect with method sdpo"),
+                     ("mrtpo.sdpo_alpha=1.5", "sdpo_alpha must be in")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(*base, bad))
 

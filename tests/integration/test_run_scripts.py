@@ -47,6 +47,7 @@ ALGO_EXPECT = {
     "opsd": ("gdpo", "opsd", False),
     "gdpo-distill": ("gdpo", "gdpo-distill", False),
     "rlsd": ("gdpo", "rlsd", False),
+    "sdpo": ("gdpo", "sdpo", False),
 }
 # script -> ALGO of its dry run (None: ALGO unset, the default mrtpo). Every ALGO value occurs.
 DRY_RUNS = {
@@ -55,8 +56,8 @@ DRY_RUNS = {
     "qwen1.5b_toolcall": "grpo",
     "qwen3b_ifbench": "cort",
     "qwen3b_text2sql": "shuffle",
-    "qwen3b_toolcall": "gdpo-distill",
-    "qwen7b_ifbench": "gdpo",
+    "qwen3b_toolcall": "sdpo",
+    "qwen7b_ifbench": "gdpo-distill",
     "qwen7b_text2sql": "opsd",
     "qwen7b_toolcall": "rlsd",
 }
@@ -174,6 +175,10 @@ def test_dry_run_config(dry_runs, name):
     if algo == "gdpo-distill":  # the teacher is the actor itself: verl's teacher servers stay off
         assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (None, "forward_kl_topk", 1.0)
         assert cfg["distillation"]["enabled"] is False
+    if algo == "sdpo":  # SDPO's reference defaults; the EMA teacher needs FSDP2 (the scripts' strategy)
+        m = cfg["mrtpo"]
+        assert (m["sdpo_topk"], m["sdpo_add_tail"], m["sdpo_alpha"], m["sdpo_ema_rate"], m["sdpo_is_clip"]) == (100, True, 0.5, 0.05, 2.0)
+        assert cfg["distillation"]["enabled"] is False and arr["actor"]["strategy"] == "fsdp2"
     assert cfg["mrtpo"]["replay"] is True  # never switched off: replay runs iff adv_estimator == mrtpo
     assert (cfg["mrtpo"]["beta"], cfg["mrtpo"]["warmup_steps"], cfg["mrtpo"]["max_realloc_rms"]) == (0.5, 10, 1.0)
     rm = cfg["reward"]["reward_manager"]

@@ -139,3 +139,45 @@ def test_the_standing_checks_call_is_verls_step_1():
                  "output: KVBatchMeta = self.actor_rollout_wg.compute_log_prob(batch)",
                  'data["old_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])'):
         assert line in src, line
+
+
+# ------------------------------------------------------------------ the BFCL agent loop's reliance on verl
+def test_the_agent_loop_pieces_are_verls_pinned_ones():
+    assert verl_seam.check_agent_loop_sources() == [], "verl changed: re-check recipe/mrtpo/agent/bfcl_loop.py"
+
+
+def test_the_agent_loops_mirrored_lines_are_upstream():
+    from recipe.mrtpo.agent.bfcl_loop import _VERL_KWARGS, truncate_tool_text
+
+    run = verl_seam.named_source("verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop")
+    for kw in sorted(_VERL_KWARGS - {"name"}):  # the keyword arguments verl passes to every loop
+        assert f"{kw}=" in run, kw
+    assert "tools=ToolListWrap(self.tools)" in run  # the loop accepts and ignores verl's tools
+    call_tool = verl_seam.named_source("verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop._call_tool")
+    for line in ('"(truncated)..." + tool_response_text[-self.max_tool_response_length :]',
+                 'tool_response_text[: self.max_tool_response_length] + "...(truncated)"',
+                 'tool_response_text[:length] + "...(truncated)..." + tool_response_text[-length:]',
+                 "length = self.max_tool_response_length // 2"):
+        assert line in call_tool, line
+    assert truncate_tool_text("abcdefgh", 4, "left") == "(truncated)...efgh"
+    assert truncate_tool_text("abcdefgh", 4, "right") == "abcd...(truncated)"
+    assert truncate_tool_text("abcdefgh", 4, "middle") == "ab...(truncated)...gh"
+    align = verl_seam.named_source("verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata")
+    assert "aligned_mask += [1] * merge_result.appended_token_count" in align
+    assert "aligned_mask += [0] * merge_result.appended_token_count" in align and "[0] * inserted_token_count" in align
+
+
+def test_the_verl_code_sdpo_relies_on_is_the_pinned_one():
+    """SDPO's loss and EMA teacher rely on verl's distillation-loss registry and loss path, the v1 trainer's
+    checkpoint calls and the worker's update / checkpoint methods (verl_seam.SDPO_SOURCES)."""
+    assert verl_seam.check_sdpo_sources() == [], "verl changed: re-check recipe/mrtpo/methods/sdpo/ and worker.py (SDPO)"
+    # the lines SDPO's loss and checkpoint rely on, in verl's text
+    loss = verl_seam.named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
+    assert "if not distillation_loss_config.use_task_rewards and not distillation_loss_config.use_policy_gradient:" in loss
+    assert "return compute_topk_loss(config, distillation_config, data, student_logits, data_format)" in loss
+    save = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")
+    assert 'actor_local_path = os.path.join(local_global_step_folder, "actor")' in save
+    load = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint")
+    assert 'local_path=os.path.join(global_step_folder, "actor")' in load
+    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out

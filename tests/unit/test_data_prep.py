@@ -166,6 +166,8 @@ EXPECTED_FILES = {
     "ifeval": ("test",),
     "ifbench": ("test",),
     "bfcl": ("train", "test"),
+    "bfcl_multi_turn": ("train", "test"),
+    "bfcl_multi_turn_offline": ("train", "test"),
 }
 
 
@@ -179,7 +181,8 @@ def test_offline_build_layout_and_row_format(built):
             rows = load(built, name, split)
             assert rows, (name, split)
             for i, row in enumerate(rows):
-                assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+                agent = ["agent_name"] if row["data_source"] == "bfcl_multi_turn" else []  # the loop that plays the turns
+                assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info", *agent]
                 assert row["data_source"] in DATA_SOURCES
                 assert row["reward_model"]["style"] == "rule"
                 assert row["extra_info"]["split"] == split and row["extra_info"]["index"] == i
@@ -196,7 +199,7 @@ def test_offline_build_is_byte_identical_in_a_fresh_interpreter(built, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "== summary ==" in out.stdout and "== data card: chinook ==" in out.stdout
     second = {p.relative_to(built): sha256_file(p) for p in sorted(built.rglob("*.parquet"))}
-    assert first == second and len(first) == 10
+    assert first == second and len(first) == 14
     # another seed gives other splits
     other = tmp_path / "other"
     assert build_offline.main(["--out-dir", str(other), "--seed", "1", "--only", "chinook"]) == 0

@@ -36,6 +36,8 @@ GLUE = (
     "recipe.mrtpo.methods.opsd.step",
     "recipe.mrtpo.methods.opsd.driver",
     "recipe.mrtpo.methods.opsd.loss",
+    "recipe.mrtpo.methods.sdpo.step",
+    "recipe.mrtpo.methods.sdpo.loss",
 )
 
 

@@ -23,7 +23,7 @@ def test_the_registrys_modes_are_the_configs():
 
 def test_every_named_hook_loads_a_function_of_its_method_package():
     hooks = {name: m.after_step for name, m in methods.METHODS.items() if m.after_step is not None}
-    assert set(hooks) == {"opsd", "gdpo-distill"}
+    assert set(hooks) == {"opsd", "gdpo-distill", "sdpo"}
     package = {"gdpo-distill": "opsd"}  # a family's package: gdpo-distill lives with OPSD (one teacher pass, two losses)
     for name, hook in hooks.items():
         assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{package.get(name, name)}")
@@ -34,7 +34,7 @@ def test_the_registry_imports_no_torch_or_verl():
     """Importing the registry in a fresh interpreter loads neither torch nor verl nor the OPSD glue."""
     code = ("import sys; import recipe.mrtpo.methods as m; m.resolve; "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('torch', 'verl', 'omegaconf') "
-            "or k.startswith('recipe.mrtpo.methods.opsd.') or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
+            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.')) or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -56,11 +56,11 @@ def test_the_command_line_lists_overrides_and_knobs():
 
 
 def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_privileged_information():
-    """OPSD, gdpo-distill and RLSD (and no other method) read mrtpo.teacher_template and carry a no-privileged line,
+    """OPSD, gdpo-distill, RLSD and SDPO (and no other method) read mrtpo.teacher_template and carry a no-privileged line,
     logged only on a step whose mrtpo/rows_privileged is 0; RLSD's is GDPO exactly only with the live teacher, OPSD's
     (the initial policy as the teacher, no RL term) is not GDPO at all."""
     teachers = {n for n, m in methods.METHODS.items() if m.self_teacher}
-    assert teachers == {"opsd", "gdpo-distill", "rlsd"}
+    assert teachers == {"opsd", "gdpo-distill", "rlsd", "sdpo"}
     assert {n for n, m in methods.METHODS.items() if "teacher_template" in m.reads} == teachers
     rlsd, opsd, gdpo = methods.get("rlsd"), methods.get("opsd"), methods.get("gdpo")
     line = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 0.0}, 1)
@@ -71,6 +71,8 @@ def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_p
     opsd_line = methods.no_privileged_line(opsd, {"mrtpo/rows_privileged": 0}, 3)
     assert "GDPO" not in opsd_line and "initial policy" in opsd_line
     assert "≈ GDPO here" in methods.no_privileged_line(methods.get("gdpo-distill"), {"mrtpo/rows_privileged": 0}, 3)
+    sdpo = methods.no_privileged_line(methods.get("sdpo"), {"mrtpo/rows_privileged": 0}, 2)
+    assert "GDPO" not in sdpo and "EMA" in sdpo  # no RL term: SDPO is never GDPO
     assert methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 2}, 1) is None
     assert methods.no_privileged_line(rlsd, {}, 1) is None  # not measured (the pass did not run)
     assert methods.no_privileged_line(gdpo, {"mrtpo/rows_privileged": 0}, 1) is None

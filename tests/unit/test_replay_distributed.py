@@ -6,6 +6,9 @@ Here rank 0 replays three rows (eight forwards) and rank 1 one row (two forwards
 ``torch.distributed.fsdp.fully_shard``; both must finish within a bound and together equal the
 single-process replay of the four rows.
 
+SDPO's EMA teacher is swapped into the same FSDP2 shards after those passes and must give the other model's
+log-probs at the student's top-k ids, then the student's weights back.
+
 The ranks are this file run as a script (``python test_replay_distributed.py RANK WORLD WORKDIR``),
 rendezvous through a file in WORKDIR (no network), started and bounded by the test.
 """
@@ -75,6 +78,22 @@ def _teacher(model, rows, sync):
                                  micro_batch_size=1, layout="packed", packed_attention="block_mask", sync_forward_count=sync)
 
 
+def _sdpo(model, teacher_model, rows, sync, reshard=None):
+    """SDPO's pass (the student's top-3 ids on P_minus_1 as the rollout prompt, the EMA teacher at them on P_all)
+    with the teacher's weights swapped into ``model``'s shards (``teacher_model``: the same sharding)."""
+    from recipe.mrtpo.core.passes import PassSettings, hf_forward
+    from recipe.mrtpo.methods.sdpo.ema import EMATeacher
+    from recipe.mrtpo.methods.sdpo.teacher import sdpo_teacher_rows
+
+    ids, lens, responses, mask, _ = (x[rows] for x in replay_inputs())
+    inputs = {"prompt_ids": ids[:, 0], "prompt_lens": lens[:, 0], "student_prompt_ids": ids[:, 1], "student_prompt_lens": lens[:, 1],
+              "responses": responses, "response_mask": mask}
+    ema = EMATeacher.from_module(teacher_model)
+    settings = PassSettings(temperature=0.8, micro_batch_size=1, layout="packed", packed_attention="block_mask")
+    with torch.no_grad():
+        return sdpo_teacher_rows(hf_forward(model), inputs, 3, settings, lambda: ema.swapped(model, reshard), sync_forward_count=sync)
+
+
 def rank_main(rank: int, world: int, workdir: Path) -> None:
     """One rank: FSDP2-shard the model (each decoder layer, then the root), replay this rank's rows."""
     import torch.distributed as dist
@@ -92,6 +111,16 @@ def rank_main(rank: int, world: int, workdir: Path) -> None:
     out = _replay(model, ROWS_OF_RANK[rank], sync_max_over_ranks)
     torch.save(out, workdir / f"rank{rank}.pt")
     torch.save(_teacher(model, ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"teacher{rank}.pt")
+    # SDPO's EMA teacher swapped into the FSDP2 shards after the no-grad passes above (FSDP2 keeps the root's
+    # parameters gathered after a no-grad forward: the swap reshards first; without it the root's parameters are the
+    # gathered ones, which the teacher's shape check refuses), then
+    # the student's weights back
+    teacher = tiny_qwen2(seed=1)
+    for layer in teacher.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(teacher, mesh=mesh)
+    torch.save(_sdpo(model, teacher, ROWS_OF_RANK[rank], sync_max_over_ranks, model.reshard), workdir / f"sdpo{rank}.pt")
+    torch.save(_teacher(model, ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"after{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -137,6 +166,17 @@ def test_uneven_ranks_under_fsdp2_finish_and_equal_one_process(tmp_path):
     for key in ("topk_logprobs", "token_logprobs"):
         assert torch.allclose(torch.cat([o[key] for o in teach]), tref[key], atol=1e-5), key
     assert torch.equal(torch.cat([o["topk_ids"] for o in teach]), tref["topk_ids"])
+    # SDPO under FSDP2: the student's ids are the student's, the teacher's log-probs the other model's (one process
+    # each, two plain models), and the student's weights are back afterwards (its OPSD pass is unchanged)
+    sdpo = [torch.load(tmp_path / f"sdpo{r}.pt") for r in range(WORLD)]
+    sref = _sdpo(tiny_qwen2(), tiny_qwen2(seed=1), [0, 1, 2, 3], None)
+    assert torch.equal(torch.cat([o["topk_ids"] for o in sdpo]), sref["topk_ids"])
+    for key in ("topk_logprobs", "token_logprobs", "student_topk_logprobs"):
+        assert torch.allclose(torch.cat([o[key] for o in sdpo]), sref[key], atol=1e-5), key
+    assert not torch.allclose(sref["topk_logprobs"], sref["student_topk_logprobs"], atol=1e-2)  # two different models
+    after = [torch.load(tmp_path / f"after{r}.pt") for r in range(WORLD)]
+    for key in ("topk_logprobs", "token_logprobs"):
+        assert torch.equal(torch.cat([o[key] for o in after]), torch.cat([o[key] for o in teach])), key
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
 
 #: mrtpo.mode's values: the ``mode`` of the methods registry's entries (recipe/mrtpo/methods/; the registry
 #: validates against this config, never the other way: tests/unit/test_advantage.py checks the two agree)
-MODES = ("mrtpo", "cort", "opsd", "gdpo-distill", "rlsd")
+MODES = ("mrtpo", "cort", "opsd", "gdpo-distill", "rlsd", "sdpo")
 #: verl's distillation losses gdpo-distill (GDPO + a distillation term to the live self-teacher, docs/opsd.md) runs
 #: with: the top-k forward KL, or a single-sample estimator on the sampled token (k1/kl are left out: backpropagated
 #: directly, their gradient ignores the teacher)
@@ -88,6 +88,11 @@ class MRTPOConfig(BaseConfig):
     rlsd_lambda_decay_steps: int = 0  # RLSD: after the warm-up, lambda decays linearly to 0 over these optimizer steps
     rlsd_negative_only: bool = False  # RLSD: reweight only responses with a negative advantage
     rlsd_teacher: str = "live"  # RLSD: live (the behaviour policy under P_all) | initial (verl's reference policy)
+    sdpo_topk: int = 100  # SDPO: the student's top-k ids the divergence is taken over (SDPO's distillation_topk)
+    sdpo_add_tail: bool = True  # SDPO: one tail bucket for the rest of the vocabulary (False: the top-k renormalised)
+    sdpo_alpha: float = 0.5  # SDPO: the generalised JSD's alpha; 0 forward KL(T||S), 1 reverse KL(S||T)
+    sdpo_ema_rate: float = 0.05  # SDPO: theta_T <- (1 - rate) theta_T + rate theta_S after each actor update
+    sdpo_is_clip: Optional[float] = 2.0  # SDPO: per-token IS weight min(pi/pi_old, clip) (detached); null: none
     dump: DumpConfig = field(default_factory=DumpConfig)
 
     def __post_init__(self) -> None:
@@ -132,6 +137,14 @@ class MRTPOConfig(BaseConfig):
             raise ValueError("mrtpo.rlsd_lambda_warmup_steps and rlsd_lambda_decay_steps must be >= 0, got "
                              f"{self.rlsd_lambda_warmup_steps} and {self.rlsd_lambda_decay_steps}")
         _choice("rlsd_teacher", self.rlsd_teacher, RLSD_TEACHERS)
+        if self.sdpo_topk < 1:
+            raise ValueError(f"mrtpo.sdpo_topk must be >= 1, got {self.sdpo_topk}")
+        if not 0.0 <= float(self.sdpo_alpha) <= 1.0:
+            raise ValueError(f"mrtpo.sdpo_alpha must be in [0, 1], got {self.sdpo_alpha}")
+        if not 0.0 <= float(self.sdpo_ema_rate) <= 1.0:
+            raise ValueError(f"mrtpo.sdpo_ema_rate must be in [0, 1] (0: the teacher stays the initial policy), got {self.sdpo_ema_rate}")
+        if self.sdpo_is_clip is not None and not float(self.sdpo_is_clip) > 0.0:
+            raise ValueError(f"mrtpo.sdpo_is_clip must be > 0 or null, got {self.sdpo_is_clip}")
         if self.reward_weights is not None:
             if not isinstance(self.reward_weights, Mapping):
                 raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {self.reward_weights!r}")

@@ -1,6 +1,6 @@
 """The registry: one entry per method, resolved once from the composed config before Ray starts.
 
-The entries live with their code (:mod:`.gdpo`, :mod:`.mrtpo`, :mod:`.rlsd`, :mod:`.opsd`); this module
+The entries live with their code (:mod:`.gdpo`, :mod:`.mrtpo`, :mod:`.rlsd`, :mod:`.opsd`, :mod:`.sdpo`); this module
 collects them in the order the run scripts and the report list them, maps a composed config to exactly one
 (:func:`resolve`, refusing every ``mrtpo.*`` knob the method does not read and every verl setting it cannot
 run with) and is the command line the run scripts call (``python3 -m recipe.mrtpo.methods``).
@@ -15,9 +15,10 @@ from recipe.mrtpo.methods.gdpo import GDPO, GRPO
 from recipe.mrtpo.methods.mrtpo import CORT, MRTPO, SHUFFLE
 from recipe.mrtpo.methods.opsd import GDPO_DISTILL, OPSD
 from recipe.mrtpo.methods.rlsd import RLSD
+from recipe.mrtpo.methods.sdpo import SDPO
 from recipe.mrtpo.methods.types import RESOURCE_KNOBS, SELECTORS, Method, ReplayPass, get_key
 
-METHODS: dict[str, Method] = {m.name: m for m in (GRPO, GDPO, MRTPO, CORT, SHUFFLE, OPSD, GDPO_DISTILL, RLSD)}
+METHODS: dict[str, Method] = {m.name: m for m in (GRPO, GDPO, MRTPO, CORT, SHUFFLE, OPSD, GDPO_DISTILL, RLSD, SDPO)}
 
 
 def names() -> list[str]:

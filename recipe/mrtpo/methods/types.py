@@ -21,7 +21,7 @@ STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays
 PASS_KNOBS = ("max_replay_prompt_length", "fused_check_every")
 
-#: knobs of the self-teachers' teacher prompt, read by every method with a self-teacher (OPSD, RLSD)
+#: knobs of the self-teachers' teacher prompt, read by every method with a self-teacher (OPSD, RLSD, SDPO)
 TEACHER_KNOBS = ("teacher_template",)
 #: the step metric of the self-teachers: rows whose teacher prompt differs from their rollout prompt (they have
 #: privileged information); 0 on every step of a run means the method had none (``Method.no_privileged``)
@@ -140,7 +140,7 @@ class Method:
     # information (the report's mark of such a run, the launch line); None for the other methods
     no_privileged: Optional[Callable[[dict], tuple[str, str]]] = None
     # verl settings the method cannot run without, appended to its overrides (what ALGO= passes): OPSD's reference
-    # worker (use_kl_loss=True) with no KL term (kl_loss_coef=0, which its loss does not read)
+    # worker (use_kl_loss=True) with no KL term (kl_loss_coef=0, which its loss does not read); SDPO's FSDP2
     settings: tuple[str, ...] = ()
 
     @property
@@ -162,7 +162,7 @@ class Method:
 
     @property
     def self_teacher(self) -> bool:
-        """The method learns from the policy under a teacher prompt with privileged information (OPSD, RLSD)."""
+        """The method learns from the policy under a teacher prompt with privileged information (OPSD, RLSD, SDPO)."""
         return self.no_privileged is not None
 
 

@@ -10,3 +10,4 @@ from recipe.mrtpo.tasks import synthetic_slots as _slots  # noqa: E402,F401
 from recipe.mrtpo.tasks import text_to_sql as _sql  # noqa: E402,F401
 from recipe.mrtpo.tasks import tool_calling as _tool  # noqa: E402,F401
 from recipe.mrtpo.tasks import toolrl as _toolrl  # noqa: E402,F401
+from recipe.mrtpo.tasks.multi_turn import verifier as _multi_turn  # noqa: E402,F401

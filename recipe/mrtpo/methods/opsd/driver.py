@@ -51,6 +51,7 @@ class OPSDTeacher:
     token_logprobs: torch.Tensor  # [B, T] log p_T(y_t), 0 at masked positions
     privileged: list[bool] = field(default_factory=list)  # teacher prompt != rollout prompt
     metrics: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)  # the worker's other answers (per row), e.g. SDPO's teacher fingerprint
 
 
 def teacher_prompts(
@@ -111,11 +112,17 @@ def run_opsd_teacher(
     token_budget: int = 0,
     old_log_probs: Optional[torch.Tensor] = None,
     row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
+    topk: Optional[int] = None,
+    student_prompts: bool = False,
+    prefix: str = "mrtpo/opsd",
 ) -> OPSDTeacher:
     """Plan, dispatch and map back the teacher pass of one batch (module docstring).
 
     ``token_budget``: padded tokens per teacher forward (verl's ``log_prob_max_token_len_per_gpu`` under
     ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    ``topk`` (None: ``mrtpo.opsd_topk``), ``student_prompts`` (also send the rollout prompts, as
+    ``student_prompt_ids`` / ``student_prompt_lens``: SDPO's worker takes the student's top-k ids there) and
+    the metrics' ``prefix`` let SDPO (``methods.sdpo``) run the same pass.
     """
     t0 = time.perf_counter()
     B, T = responses.shape
@@ -123,11 +130,12 @@ def run_opsd_teacher(
                                        row_render, cfg.teacher_template)
     privileged = [p != list(r) for p, r in zip(prompts, rollout_prompts)]
     ids, lens = pack_prompts(prompts, pad_id)
-    inputs = pad_to_multiple(
-        {"prompt_ids": ids, "prompt_lens": lens, "responses": responses.long().cpu(), "response_mask": response_mask.long().cpu()},
-        dp_size,
-    )
-    settings = {**pass_settings(cfg, temperature, pad_id, token_budget).to_wire(), "topk": cfg.opsd_topk_of()}
+    inputs = {"prompt_ids": ids, "prompt_lens": lens, "responses": responses.long().cpu(), "response_mask": response_mask.long().cpu()}
+    if student_prompts:
+        inputs["student_prompt_ids"], inputs["student_prompt_lens"] = pack_prompts(rollout_prompts, pad_id)
+    inputs = pad_to_multiple(inputs, dp_size)
+    k = cfg.opsd_topk_of() if topk is None else int(topk)
+    settings = {**pass_settings(cfg, temperature, pad_id, token_budget).to_wire(), "topk": k}
     out = dispatch(inputs, settings)
     teacher = OPSDTeacher(
         topk_logprobs=out["teacher_topk_logprobs"][:B].float(),
@@ -136,17 +144,18 @@ def run_opsd_teacher(
         privileged=privileged,
     )
     m = teacher.metrics
-    m["mrtpo/opsd/rows_privileged"] = sum(privileged)
+    m[f"{prefix}/rows_privileged"] = sum(privileged)
     m[ROWS_PRIVILEGED] = sum(privileged)  # the self-teachers' common name (recipe.mrtpo.methods.types)
-    m["mrtpo/opsd/rows_same_prompt"] = sum(1 for p, r in zip(privileged, reasons) if not p and r is None)
+    m[f"{prefix}/rows_same_prompt"] = sum(1 for p, r in zip(privileged, reasons) if not p and r is None)
     for reason, n in Counter(r for r in reasons if r).items():
-        m[f"mrtpo/opsd/fallback/{reason}"] = n
+        m[f"{prefix}/fallback/{reason}"] = n
     extra = [len(p) - len(r) for p, r in zip(prompts, rollout_prompts)]
-    m["mrtpo/opsd/teacher_prompt_extra_tokens"] = sum(extra) / max(1, len(extra))
-    m.update(teacher_metrics(teacher, responses, response_mask, old_log_probs))
+    m[f"{prefix}/teacher_prompt_extra_tokens"] = sum(extra) / max(1, len(extra))
+    m.update({f"{prefix}/{k.removeprefix('mrtpo/opsd/')}": v for k, v in teacher_metrics(teacher, responses, response_mask, old_log_probs).items()})
     if out.get("teacher_forwards", None) is not None:
-        m.update(pass_metrics(out["teacher_forwards"], dp_size, "mrtpo/opsd/teacher"))
-    m["mrtpo/opsd/teacher_time_s"] = time.perf_counter() - t0
+        m.update(pass_metrics(out["teacher_forwards"], dp_size, f"{prefix}/teacher"))
+    teacher.raw = {k: v[:B] for k, v in out.items() if k not in ("teacher_topk_logprobs", "teacher_topk_ids", "teacher_token_logprobs")}
+    m[f"{prefix}/teacher_time_s"] = time.perf_counter() - t0
     return teacher
 
 

@@ -54,9 +54,10 @@ def verl_loss_group(config) -> Optional[dict]:
     return OmegaConf.to_container(group, resolve=True) if group is not None else None
 
 
-def write_opsd_teacher(ctx: StepContext):
-    """OPSD's after-step hook (named by its entry, :mod:`recipe.mrtpo.methods.opsd`): the teacher pass of the batch and its
-    fields in TransferQueue; returns the batch meta for the update."""
+def teacher_pass(ctx: StepContext, worker_method: str = "compute_opsd_teacher", **run_kwargs):
+    """The teacher pass of the step's batch through the actor worker group's ``worker_method``
+    (:func:`run_opsd_teacher`; ``run_kwargs``: its ``topk`` / ``student_prompts`` / ``prefix``, which SDPO sets);
+    the pass's metrics go into ``ctx.metrics``. Returns ``(teacher, responses, prompt_lens, response_lens, pad_id)``."""
     cfg, config = ctx.cfg, ctx.config
     d = ctx.fields
     extra = verl_seam.fetch_fields(ctx.batch, [f for f in FIELDS if f not in d])
@@ -67,15 +68,14 @@ def write_opsd_teacher(ctx: StepContext):
     old = extra.get("old_log_probs", None)
     prompts = [[int(t) for t in _list(p)] for p in (d["prompts"].unbind() if getattr(d["prompts"], "is_nested", False) else d["prompts"])]
     messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _list(d["raw_prompt"])]
-
     frozen = frozen_teacher(cfg)
     if frozen:  # OPSD: the initial policy, held by verl's reference worker (its own dispatch, mesh "ref")
         if ctx.reference_group is None:
             raise RuntimeError("OPSD's teacher is verl's reference policy: the step context names no reference worker group")
         wg, dp_size = ctx.reference_group(), ctx.reference_dp_size()
         call = wg.compute_ref_opsd_teacher
-    else:  # gdpo-distill: the behaviour policy, the actor itself
-        call, dp_size = ctx.worker_group.compute_opsd_teacher, ctx.dp_size()
+    else:  # gdpo-distill (and SDPO): the behaviour policy, the actor itself
+        call, dp_size = getattr(ctx.worker_group, worker_method), ctx.dp_size()
 
     def dispatch(inputs: dict, settings: dict) -> dict:
         return dispatch_rows(call, inputs, settings)
@@ -84,14 +84,22 @@ def write_opsd_teacher(ctx: StepContext):
         cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, dp_size,
         temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
         token_budget=token_budget(config, reference=frozen), old_log_probs=_padded(old, 0.0) if old is not None else None,
-        row_render=ctx.row_render,
+        row_render=ctx.row_render, **run_kwargs,
     )
-    ctx.metrics["mrtpo/opsd/teacher_initial"] = float(frozen)
+    ctx.metrics[f"{run_kwargs.get('prefix', 'mrtpo/opsd')}/teacher_initial"] = float(frozen)
     ctx.metrics.update(teacher.metrics)
-    fields = teacher_fields(teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), uses_topk(cfg), pad_id)
+    return teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), pad_id
+
+
+def write_opsd_teacher(ctx: StepContext):
+    """OPSD's after-step hook (named by its entry, :mod:`recipe.mrtpo.methods.opsd`): the teacher pass of the batch and its
+    fields in TransferQueue; returns the batch meta for the update."""
+    cfg = ctx.cfg
+    teacher, responses, prompt_lens, resp_lens, pad_id = teacher_pass(ctx)
+    fields = teacher_fields(teacher, responses, prompt_lens, resp_lens, uses_topk(cfg), pad_id)
     out = verl_seam.write_fields(ctx.batch, fields)
     info = getattr(out, "extra_info", None)
     if info is None:
         info = out.extra_info = {}
-    info[LOSS_SETTINGS_KEY] = distillation_loss_settings(cfg, verl_loss_group(config))
+    info[LOSS_SETTINGS_KEY] = distillation_loss_settings(cfg, verl_loss_group(ctx.config))
     return out

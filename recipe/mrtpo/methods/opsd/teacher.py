@@ -38,12 +38,17 @@ def teacher_topk_from_logits(
     k: int,
     temperature: float = 1.0,
     chunk_size: Optional[int] = None,
+    ids: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher top-k and the sampled token's log-prob at every position.
 
         logp[t, v] = log_softmax(z[t] / tau)_v
         (topk_logprobs[t], topk_ids[t]) = top-k_v logp[t, v]        (descending)
         token_logprob[t] = logp[t, y_t]
+
+    With ``ids`` ([..., T, k] int) the log-probs are taken at those ids instead of the top-k
+    (``topk_logprobs[t] = logp[t, ids[t]]``, ``topk_ids = ids``): SDPO's teacher, evaluated at the
+    student's top-k (``methods.sdpo``).
 
     Args:
         logits: [..., T, V] (any float dtype); response_ids: [..., T] the sampled tokens.
@@ -54,8 +59,9 @@ def teacher_topk_from_logits(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     *lead, T, V = logits.shape
-    k = min(k, V)
+    k = min(k, V) if ids is None else ids.shape[-1]
     flat = logits.reshape(-1, V)
+    at = ids.reshape(-1, k).to(flat.device).long() if ids is not None else None
     ids = response_ids.reshape(-1).to(flat.device).long()
     N = flat.shape[0]
     out_lp = torch.empty(N, k, dtype=torch.float32, device=flat.device)
@@ -65,7 +71,11 @@ def teacher_topk_from_logits(
     for s in range(0, N, step):
         e = min(s + step, N)
         lp = torch.log_softmax(flat[s:e].float() / float(temperature), dim=-1)
-        v, i = torch.topk(lp, k, dim=-1)
+        if at is None:
+            v, i = torch.topk(lp, k, dim=-1)
+        else:
+            i = at[s:e].clamp(0, V - 1)
+            v = lp.gather(-1, i)
         out_lp[s:e], out_ids[s:e] = v, i
         out_tok[s:e] = lp.gather(-1, ids[s:e].clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
         del lp
@@ -113,6 +123,7 @@ def teacher_topk_rows(
     layout: str = "sorted",
     packed_attention: str = "block_mask",
     settings: Optional[PassSettings] = None,
+    ids: Optional[torch.Tensor] = None,
 ) -> dict[str, torch.Tensor]:
     """The teacher pass over packed rows: each row's teacher prompt followed by its sampled response.
 
@@ -121,7 +132,8 @@ def teacher_topk_rows(
     (:func:`recipe.mrtpo.core.passes.run_pass`: its packer, layouts and forward-count agreement, the same as
     the replay's; ``settings`` or the keyword arguments it is made of). A row is forwarded up to its last
     valid response token (:func:`recipe.mrtpo.core.passes.response_lengths`: a mask with gaps keeps them
-    attended).
+    attended). ``ids`` ([R, T, k]): take each row's log-probs at these ids instead of its top-k (SDPO's teacher
+    at the student's top-k; :func:`teacher_topk_from_logits`).
 
     Returns ``topk_logprobs`` [R, T, k] fp32, ``topk_ids`` [R, T, k] int64, ``token_logprobs`` [R, T] fp32
     (all 0 at masked positions and on padding rows) and the counts ``n_forwards``, ``n_forwards_global``,
@@ -133,6 +145,8 @@ def teacher_topk_rows(
         settings = PassSettings(temperature=float(temperature), micro_batch_size=int(micro_batch_size), token_budget=token_budget,
                                 chunk_size=chunk_size, pad_id=int(pad_id), layout=layout, packed_attention=packed_attention)
     R, T = responses.shape
+    if ids is not None:
+        k = ids.shape[-1]
     resp_lens = response_lengths(response_mask)
     out_lp = torch.zeros(R, T, int(k), dtype=torch.float32)
     out_ids = torch.zeros(R, T, int(k), dtype=torch.long)
@@ -140,7 +154,8 @@ def teacher_topk_rows(
 
     def consume(seqs: list[PassSequence], logits: torch.Tensor, single: bool) -> None:
         r, n = seqs[0].row, seqs[0].resp_len
-        lp, tid, tok = teacher_topk_from_logits(logits[0], responses[r, :n].to(logits.device), int(k), 1.0, settings.chunk_size)
+        at = ids[r, :n] if ids is not None else None
+        lp, tid, tok = teacher_topk_from_logits(logits[0], responses[r, :n].to(logits.device), int(k), 1.0, settings.chunk_size, at)
         kk = lp.shape[-1]
         out_lp[r, :n, :kk] = lp.cpu()
         out_ids[r, :n, :kk] = tid.cpu()
