@@ -17,9 +17,13 @@
 #                      mrtpo   algorithm.adv_estimator=mrtpo  (GDPO + per-reward token relevance, the method)
 #                      cort    mrtpo + mrtpo.mode=cort        (CoRT-style joint replay baseline)
 #                      shuffle mrtpo + mrtpo.shuffle=True     (control: relevance permuted over positions)
-#                      opsd    gdpo + mrtpo.mode=opsd         (on-policy self-distillation baseline: the policy under
-#                              P_all teaches the policy under the rollout prompt, verl's distillation loss added to
-#                              GDPO's policy loss; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef, docs/opsd.md)
+#                      opsd    gdpo + mrtpo.mode=opsd         (OPSD as its paper defines it: the initial policy under
+#                              P_all teaches the policy under the rollout prompt through a JSD (beta 0.5) over its
+#                              renormalised top-50, the distillation loss alone; its overrides also set use_kl_loss=True
+#                              (verl's reference worker holds the frozen teacher) and kl_loss_coef=0; knobs mrtpo.opsd_beta /
+#                              opsd_topk / opsd_support, docs/opsd.md)
+#                      gdpo-distill gdpo + mrtpo.mode=gdpo-distill (not OPSD: GDPO's policy loss + verl's top-k forward
+#                              KL to the live policy under P_all; knobs mrtpo.opsd_topk / opsd_loss_mode / opsd_loss_coef)
 #                      rlsd    gdpo + mrtpo.mode=rlsd         (GDPO's advantage reweighted per token by the P_all teacher)
 #                      sdpo    gdpo + mrtpo.mode=sdpo         (SDPO: JSD to an EMA teacher under P_all over the student's
 #                              top-100 + tail, no RL term; knobs mrtpo.sdpo_*, docs/opsd.md)

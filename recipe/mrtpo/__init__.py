@@ -3,7 +3,7 @@
 The maths lives in ``core/`` (torch and numpy only): ``relevance`` (the per-token Jensen-Shannon between two
 prompt variants), ``advantage`` (relevance weights, the MRTPO/GDPO token advantage, SAW/DVAO reward
 weighting, RLSD's reweight), ``replay`` and ``passes`` (the worker-side passes). ``methods`` is the package of
-the compared methods (GRPO, GDPO, MRTPO, CoRT, shuffle, OPSD, RLSD): their registry and, one module per method
+the compared methods (GRPO, GDPO, MRTPO, CoRT, shuffle, OPSD, gdpo-distill, RLSD): their registry and, one module per method
 or family, each one's advantage, pass needs and hook (OPSD's teacher pass and loss). The verl coupling sits in its own thin
 modules: the ``mrtpo`` reward manager, the trainer (verl's v1 sync trainer registered as ``mrtpo``, its
 advantage step overridden), the actor worker (verl's plus the replay and teacher passes), the entry point

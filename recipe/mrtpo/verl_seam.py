@@ -215,6 +215,28 @@ NUMERICS_SOURCES = {
 }
 
 
+# ------------------------------------------------------------------ the self-teachers' loss on verl's distillation path
+#: verl 0.9.1 functions the self-teachers' actor loss relies on (``methods/opsd/loss.py``, ``worker.update_actor``),
+#: by ``module:qualname`` -> sha256 of the dedented source: the loss's two calls (``distillation_ppo_loss``: as the
+#: logits processor with ``student_logits``, then the final loss, with no policy loss when neither
+#: ``use_task_rewards`` nor ``use_policy_gradient``), the aggregation (``distillation_loss``: the registry's loss,
+#: ``loss_max_clamp``, ``agg_loss``), the registry the recipe's JSD is registered in, the config's look-up of a
+#: loss mode in it, and ``init_model``'s binding of the loss, which ``update_actor`` repeats. (The FSDP engine's
+#: ``prepare_model_outputs``, which calls the logits processor under ``distillation_use_topk``, is pinned above.)
+DISTILLATION_SOURCES = {
+    "verl.trainer.distillation.losses:distillation_ppo_loss": "7339ada238b21a87fc143d042b0b61a42dd61880f9ef86734fac32d17990db80",
+    "verl.trainer.distillation.losses:distillation_loss": "2e6165dd431f2741165a8a3d908d0c314a73f687d953d9ae7600cbb04a95a7bb",
+    "verl.trainer.distillation.losses:register_distillation_loss": "45a1074d208fd5971fe7701cdcbaa80c50ecec322bac3e2cc97be2e6bddbed6c",
+    "verl.workers.config.distillation:DistillationLossConfig.__post_init__": "9f1e9f7a285448de0391bc3c77b8e3b377ae199723ef66e68429ea760d03fc6c",
+    "verl.workers.engine_workers:ActorRolloutRefWorker.init_model": "0d2190a431d5805fd92665c68aac3c0a27245b3ec2e47b5ff24b1ad986755d72",
+}
+
+
+def check_distillation_sources() -> list[str]:
+    """The :data:`DISTILLATION_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return [n for n, sha in DISTILLATION_SOURCES.items() if source_sha256(named_source(n)) != sha]
+
+
 def named_source(name: str, package: str = "") -> str:
     """The dedented source of ``name``, what the pins of this module hash.
 

@@ -5,7 +5,8 @@
 rows are split across the DP ranks, each rank replays its rows through the FSDP module in eval mode
 without gradients, and the outputs are gathered back in order. ``compute_ref_replay`` is the same pass
 through verl's reference model (the initial policy), dispatched as ``compute_ref_log_prob`` (mesh
-``ref``): RLSD's initial teacher. ``compute_opsd_teacher`` is OPSD's teacher pass on the actor. The
+``ref``): RLSD's initial teacher. ``compute_opsd_teacher`` is gdpo-distill's teacher pass on the actor,
+``compute_ref_opsd_teacher`` OPSD's on the reference. The
 algorithm itself is :func:`recipe.mrtpo.core.replay.replay_relevance`; this class only binds it to verl's
 engines.
 """
@@ -221,6 +222,15 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """
         return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
 
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    def compute_ref_opsd_teacher(self, data: TensorDict) -> TensorDict:
+        """:meth:`compute_opsd_teacher` through verl's reference model, the policy at step 0 (OPSD's frozen
+        teacher, the reference's ``--fixed_teacher``). Dispatched as ``compute_ref_log_prob``, as
+        :meth:`compute_ref_replay`."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_opsd_teacher: this worker holds no reference model (role without 'ref')")
+        return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass on the reference policy", engine=self.ref.engine)
+
     def _no_grad_pass(self, rows_fn, data: TensorDict, what: str, engine=None) -> TensorDict:
         """``rows_fn(forward, data, device, sync, attn, **model)`` through an FSDP engine's module (the actor's
         unless ``engine`` is given) in eval mode, without gradients, each forward under verl's autocast
@@ -239,11 +249,11 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        """verl's ``update_actor``; with OPSD settings in the batch, through verl's distillation loss (``methods/opsd/loss.py``);
-        with SDPO's, through SDPO's loss and then the EMA teacher's update (:meth:`_sdpo_update_actor`)."""
-        from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
+        """verl's ``update_actor``; with OPSD's or gdpo-distill's settings in the batch, through its distillation loss
+        (``methods/opsd/loss.py``: OPSD's JSD or verl's ``distillation_ppo_loss``); with SDPO's, through SDPO's loss
+        and then the EMA teacher's update (:meth:`_sdpo_update_actor`)."""
         from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
-        from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key
+        from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key, uses_topk_logits
         from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY as SDPO_SETTINGS_KEY
 
         sdpo = tu.pop(data, key=SDPO_SETTINGS_KEY, default=None)
@@ -261,7 +271,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
                 self.loss_fn = opsd_loss_fn(self._verl_loss_fn.keywords["config"], settings)
                 self._opsd_loss_key = settings_key(settings)
                 self.actor.set_loss_fn(self.loss_fn)
-            tu.assign_non_tensor(data, distillation_use_topk=settings["loss_mode"] in OPSD_TOPK_LOSS_MODES)
+            tu.assign_non_tensor(data, distillation_use_topk=uses_topk_logits(settings))
         return super().update_actor(data)
 
     # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)

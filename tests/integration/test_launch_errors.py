@@ -130,8 +130,11 @@ def test_known_hybrid_and_dense_models_pass_the_check(tmp_path):
 def test_lora_is_refused_for_methods_that_replay_or_teach():
     from recipe.mrtpo.main_mrtpo import check_launch
 
-    for name in ("mrtpo", "opsd", "rlsd"):
+    for name in ("mrtpo", "gdpo-distill", "rlsd"):
         with pytest.raises(ValueError, match=r"lora_rank=8 \(LoRA\) is not supported with method") as exc:
             check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS[name].overrides), local_paths=False)
         assert "actor_rollout_ref.model.lora_rank=0" in one_line(exc.value)
+    # OPSD's frozen teacher is verl's reference worker, which under LoRA is the adapter-free actor: refused first
+    with pytest.raises(ValueError, match=r"method opsd \(its teacher is frozen at the initial policy\) is not supported with LoRA"):
+        check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS["opsd"].overrides), local_paths=False)
     check_config(_compose("actor_rollout_ref.model.lora_rank=8", "algorithm.adv_estimator=gdpo"))

@@ -120,7 +120,7 @@ def test_every_method_resolves_from_its_own_overrides():
     from recipe.mrtpo import methods
     from recipe.mrtpo.main_mrtpo import check_config
 
-    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd", "rlsd"}
+    assert set(methods.names()) >= {"grpo", "gdpo", "mrtpo", "cort", "shuffle", "opsd", "gdpo-distill", "rlsd"}
     for name in methods.names():
         assert check_config(compose_cfg(*methods.get(name).overrides)).name == name
     # the resource presets of the run scripts are accepted by every method (they change no number)
@@ -246,9 +246,10 @@ def test_use_remove_padding_leaves_the_replay_forward_unchanged(monkeypatch):
 
 
 def test_opsd_settings_are_refused_before_ray():
+    from recipe.mrtpo import methods
     from recipe.mrtpo.main_mrtpo import check_config
 
-    base = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd")
+    base = methods.get("opsd").overrides  # with the reference worker its frozen teacher needs
     check_config(compose_cfg(*base))
     for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                      ("distillation.enabled=True", "distillation.enabled=False")):
@@ -380,7 +381,10 @@ def test_teacher_template_is_typed_checked_and_read_by_the_self_teachers_only():
     own = "mrtpo.teacher_template='Task: {prompt} Known: {information}'"
     assert compose_cfg(own).mrtpo.teacher_template == "Task: {prompt} Known: {information}"
     assert check_config(compose_cfg(*RLSD, own)).name == "rlsd"
-    assert check_config(compose_cfg("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", own)).name == "opsd"
+    from recipe.mrtpo import methods
+
+    assert check_config(compose_cfg(*methods.get("opsd").overrides, own)).name == "opsd"
+    assert check_config(compose_cfg(*methods.get("gdpo-distill").overrides, own)).name == "gdpo-distill"
     for other in (("algorithm.adv_estimator=gdpo",), ("algorithm.adv_estimator=mrtpo",), ("algorithm.adv_estimator=grpo",)):
         with pytest.raises(ValueError, match="mrtpo.teacher_template=Task: .* is not read by method"):
             check_config(compose_cfg(*other, own))

@@ -1,9 +1,12 @@
-"""The trainer's advantage step with ``mrtpo.mode=opsd``, without Ray or vLLM (a fake TransferQueue, a tiny Qwen2).
+"""The trainer's advantage step with ``mrtpo.mode=opsd`` and ``gdpo-distill``, without Ray or vLLM (a fake
+TransferQueue, a tiny Qwen2).
 
-``MRTPOTrainer._compute_advantage`` runs as in the real loop; the worker group's ``compute_opsd_teacher`` is
-the worker's own row function on the tiny model. Checked: the advantage is GDPO's, verl's
-teacher fields land in TransferQueue in verl's per-sequence layout with P_all's top-k at the response rows,
-and the batch meta carries the loss settings the actor update installs verl's distillation loss from.
+``MRTPOTrainer._compute_advantage`` runs as in the real loop; the actor worker group's ``compute_opsd_teacher``
+(gdpo-distill's live teacher) is the worker's own row function on the tiny model, the reference worker group's
+``compute_ref_opsd_teacher`` (OPSD's frozen teacher) the same function on a different model standing for the
+initial policy. Checked: the advantage is GDPO's, verl's teacher fields land in TransferQueue in verl's
+per-sequence layout with the teacher's top-k of P_all at the response rows, from the right model, and the batch
+meta carries the loss settings the actor update installs its loss from.
 """
 
 from __future__ import annotations
@@ -74,7 +77,26 @@ def logprobs_after(model, prompt, response):
         return torch.log_softmax(model(input_ids=seq).logits[0, len(prompt) - 1 : -1].float(), -1)
 
 
-def run_step(monkeypatch, tiny, *overrides, ctx=None):
+OPSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0")
+assert OPSD == __import__("recipe.mrtpo.methods", fromlist=["get"]).get("opsd").overrides  # ALGO=opsd's, written out
+GDPO_DISTILL = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=gdpo-distill")
+
+
+def reference_model(model):
+    """A model standing for verl's reference worker (the initial policy): the tiny model with other weights."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    return ref.eval()
+
+
+def run_step(monkeypatch, tiny, *overrides, ctx=None, reference=None, actor_fn=None, ref_fn=None):
+    """One advantage step; ``calls``: (worker group, rows) of each teacher pass. ``actor_fn`` / ``ref_fn``: the
+    worker's own registered methods to call instead of its row function on ``model`` / ``reference``."""
     import verl.trainer.ppo.v1.trainer_base as tb
 
     from recipe.mrtpo.trainer import MRTPOTrainer
@@ -102,12 +124,18 @@ def run_step(monkeypatch, tiny, *overrides, ctx=None):
     trainer.config, trainer.tokenizer, trainer.global_steps = cfg, tok, 6
     calls = []
 
-    def compute_opsd_teacher(data):
-        calls.append(int(data["prompt_lens"].shape[0]))
-        with torch.no_grad():
-            return opsd_teacher_rows(hf_forward(model), data, "cpu", sync=None)  # the worker's own code, one rank
+    def teacher_rows(where, module, fn=None):
+        def call(data):
+            calls.append((where, int(data["prompt_lens"].shape[0])))
+            if fn is not None:
+                return fn(data)
+            with torch.no_grad():
+                return opsd_teacher_rows(hf_forward(module), data, "cpu", sync=None)  # the worker's own code, one rank
+        return call
 
-    trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]}, compute_opsd_teacher=compute_opsd_teacher)
+    trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]}, compute_opsd_teacher=teacher_rows("actor", model, actor_fn))
+    trainer.ref_policy_wg = SimpleNamespace(_dispatch_info={"ref": [0]}, compute_ref_opsd_teacher=teacher_rows(
+        "ref", reference if reference is not None else model, ref_fn))
     metrics: dict = {}
     meta = trainer._compute_advantage(Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train"), metrics)
     return fake, metrics, calls, meta, responses, prompt
@@ -132,41 +160,65 @@ def test_opsd_without_privileged_information_says_so_once(monkeypatch, tiny, cap
     the step counts 0 privileged rows and the trainer logs one line saying what OPSD then is."""
     placed = {"format": CTX["format"]}
     with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
-        _, metrics, calls, _, _, _ = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd",
-                                              f"mrtpo.opsd_topk={K}", ctx=placed)
-    assert calls == [4] and metrics["mrtpo/rows_privileged"] == 0 and metrics["mrtpo/opsd/rows_same_prompt"] == 4
+        _, metrics, calls, _, _, _ = run_step(monkeypatch, tiny, *OPSD, f"mrtpo.opsd_topk={K}", ctx=placed)
+    assert calls == [("ref", 4)] and metrics["mrtpo/rows_privileged"] == 0 and metrics["mrtpo/opsd/rows_same_prompt"] == 4
     lines = [r.getMessage() for r in caplog.records if "privileged information" in r.getMessage()]
-    assert len(lines) == 1 and "method opsd" in lines[0] and "GDPO here" in lines[0]
+    assert len(lines) == 1 and "method opsd" in lines[0] and "initial policy" in lines[0] and "GDPO" not in lines[0]
 
 
-def test_gdpo_opsd_writes_gdpos_advantage_and_p_alls_topk(monkeypatch, tiny):
+def check_teacher_fields(fake, teacher_model, teacher_prompt, responses, prompt, k):
+    """verl's per-sequence layout: the teacher's top-k of ``teacher_prompt`` + the response at the response rows
+    (row prompt_len - 1 + t), verl's padding elsewhere."""
+    for i, (lp, ids) in enumerate(zip(fake.put["teacher_logprobs"].unbind(), fake.put["teacher_ids"].unbind())):
+        n = LENS[i]
+        assert lp.shape == (len(prompt) + n, k) and ids.dtype == torch.int32
+        v, j = logprobs_after(teacher_model, teacher_prompt, responses[i]).topk(k, -1)
+        rows = slice(len(prompt) - 1, len(prompt) - 1 + n)
+        assert torch.allclose(lp[rows], v, atol=1e-4) and torch.equal(ids[rows].long(), j)
+        assert (lp[: len(prompt) - 1] == 0).all() and (lp[-1] == 0).all()
+
+
+def test_opsd_teaches_from_the_initial_policy_with_the_jsd_alone(monkeypatch, tiny):
+    """OPSD: the teacher pass runs on the reference worker group (the initial policy), its top-k is that model's
+    (not the actor's) under the framed P_all, k defaults to the reference's 50, and the loss settings are the
+    renormalised top-k JSD at beta with no policy loss and use_policy_gradient pinned False."""
+    from recipe.mrtpo.methods.opsd.driver import BETA_KEY, JSD_TOPK_LOSS_MODE
+
+    tok, model = tiny
+    ref_model = reference_model(model)
+    gdpo, _, _, _, _, _ = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo")
+    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, *OPSD, "mrtpo.opsd_beta=0.3", reference=ref_model)
+    assert calls == [("ref", 4)] and metrics["mrtpo/opsd/teacher_initial"] == 1.0
+    assert torch.equal(fake.put["advantages"].to_padded_tensor(0.0), gdpo.put["advantages"].to_padded_tensor(0.0))
+    check_teacher_fields(fake, ref_model, p_all(tok), responses, prompt, 50)
+    with pytest.raises(AssertionError):  # the actor's own top-k is not what was written
+        check_teacher_fields(fake, model, p_all(tok), responses, prompt, 50)
+    settings = meta.extra_info[LOSS_SETTINGS_KEY]
+    assert settings["loss_mode"] == JSD_TOPK_LOSS_MODE and settings[BETA_KEY] == 0.3 and settings["topk"] == 50
+    assert settings["use_task_rewards"] is False and settings["use_policy_gradient"] is False
+    assert settings["loss_max_clamp"] is None and "log_prob_min_clamp" not in settings
+
+
+def test_gdpo_distill_writes_gdpos_advantage_and_p_alls_topk(monkeypatch, tiny):
     tok, model = tiny
     ref, ref_metrics, ref_calls, _, _, _ = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo")
-    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd",
-                                                             f"mrtpo.opsd_topk={K}", "mrtpo.opsd_loss_coef=0.25")
-    assert ref_calls == [] and calls == [4]
+    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, *GDPO_DISTILL, f"mrtpo.opsd_topk={K}",
+                                                             "mrtpo.opsd_loss_coef=0.25", reference=reference_model(model))
+    assert ref_calls == [] and calls == [("actor", 4)] and metrics["mrtpo/opsd/teacher_initial"] == 0.0
     assert set(fake.put) == {"advantages", "returns", "teacher_logprobs", "teacher_ids"}
     assert torch.equal(fake.put["advantages"].to_padded_tensor(0.0), ref.put["advantages"].to_padded_tensor(0.0))  # GDPO's
     assert metrics["mrtpo/opsd/rows_privileged"] == 4 and metrics["mrtpo/rows_privileged"] == 4 and metrics["mrtpo/beta"] == 0.0
     assert metrics["mrtpo/opsd/teacher_prompt_extra_tokens"] > 5  # the gold SQL block
-    teacher = p_all(tok)
-    for i, (lp, ids) in enumerate(zip(fake.put["teacher_logprobs"].unbind(), fake.put["teacher_ids"].unbind())):
-        n = LENS[i]
-        assert lp.shape == (len(prompt) + n, K) and ids.dtype == torch.int32
-        v, j = logprobs_after(model, teacher, responses[i]).topk(K, -1)
-        rows = slice(len(prompt) - 1, len(prompt) - 1 + n)  # verl's row of response token t is prompt_len - 1 + t
-        assert torch.allclose(lp[rows], v, atol=1e-4) and torch.equal(ids[rows].long(), j)
-        assert (lp[: len(prompt) - 1] == 0).all() and (lp[-1] == 0).all()
+    check_teacher_fields(fake, model, p_all(tok), responses, prompt, K)  # the live policy's
     settings = meta.extra_info[LOSS_SETTINGS_KEY]
-    assert (settings["loss_mode"], settings["topk"], settings["distillation_loss_coef"], settings["use_task_rewards"]) == \
-        ("forward_kl_topk", K, 0.25, True)
+    assert (settings["loss_mode"], settings["topk"], settings["distillation_loss_coef"], settings["use_task_rewards"],
+            settings["use_policy_gradient"]) == ("forward_kl_topk", K, 0.25, True, False)
 
 
-def test_opsd_with_the_single_token_estimator(monkeypatch, tiny):
+def test_gdpo_distill_with_the_single_token_estimator(monkeypatch, tiny):
     tok, model = tiny
-    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, "algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd",
-                                                             "mrtpo.opsd_loss_mode=k3")
-    assert calls == [4] and "advantages" in fake.put and "mrtpo/reward/format/mean" in metrics
+    fake, metrics, calls, meta, responses, prompt = run_step(monkeypatch, tiny, *GDPO_DISTILL, "mrtpo.opsd_loss_mode=k3")
+    assert calls == [("actor", 4)] and "advantages" in fake.put and "mrtpo/reward/format/mean" in metrics
     teacher = p_all(tok)
     for i, lp in enumerate(fake.put["teacher_logprobs"].unbind()):
         n = LENS[i]
@@ -177,27 +229,98 @@ def test_opsd_with_the_single_token_estimator(monkeypatch, tiny):
     assert metrics["mrtpo/opsd/teacher_logprob_gain"] != 0.0
 
 
+def test_opsds_frozen_teacher_stays_put_while_gdpo_distills_live_one_moves(monkeypatch, tiny):
+    """Through the worker's own registered methods (RLSD's harness: ``unit.test_worker.Engine`` for verl's engines):
+    OPSD's teacher pass runs on the reference engine, gdpo-distill's on the actor's; at step 0 both are one model;
+    after one optimizer update of the actor, OPSD's teacher top-k is unchanged (the initial policy) while
+    gdpo-distill's follows the update."""
+    import copy
+
+    from unit.test_worker import Engine
+
+    from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
+
+    tok, base = tiny
+    actor, reference = copy.deepcopy(base), copy.deepcopy(base)  # verl's ref worker loads the initial weights apart
+    worker = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)  # no Ray, no FSDP: only the binding
+    worker.actor, worker.ref = SimpleNamespace(engine=Engine(actor)), SimpleNamespace(engine=Engine(reference))
+
+    def teacher(mode):
+        fake, _, calls, _, responses, _ = run_step(monkeypatch, tiny, *mode, f"mrtpo.opsd_topk={K}",
+                                                   actor_fn=worker.compute_opsd_teacher, ref_fn=worker.compute_ref_opsd_teacher)
+        (where, _), = calls
+        return where, fake.put["teacher_logprobs"].values().clone(), responses
+
+    before = {"opsd": teacher(OPSD), "gdpo-distill": teacher(GDPO_DISTILL)}
+    assert before["opsd"][0] == "ref" and before["gdpo-distill"][0] == "actor"
+    assert torch.allclose(before["opsd"][1], before["gdpo-distill"][1], atol=1e-5)  # step 0: one model
+    responses = before["opsd"][2]
+
+    opt = torch.optim.SGD(actor.parameters(), lr=1e-3)  # one update of the actor; the reference is verl's own copy
+    prompt = render(tok, MSGS)
+    actor.train()
+    loss = -sum(torch.log_softmax(actor(input_ids=torch.tensor([prompt + r.tolist()])).logits[0, len(prompt) - 1 : -1], -1)
+                .gather(-1, r.view(-1, 1)).mean() for r in responses)
+    loss.backward()
+    opt.step()
+    actor.eval()
+
+    after = {"opsd": teacher(OPSD), "gdpo-distill": teacher(GDPO_DISTILL)}
+    assert torch.equal(after["opsd"][1], before["opsd"][1])  # the frozen teacher did not move
+    assert float((after["gdpo-distill"][1] - before["gdpo-distill"][1]).abs().max()) > 1e-3  # the live one did
+
+
 def test_opsd_is_attached_through_its_registry_entry():
-    """The trainer knows no OPSD: the method's entry carries the hook, which reads its step context only."""
+    """The trainer knows no OPSD: the methods' entries carry the hook, which reads its step context only."""
     import inspect
 
     from recipe.mrtpo import methods, trainer
     from recipe.mrtpo.methods.opsd import step as opsd_step
 
     assert methods.get("opsd").after_step is not None and methods.get("gdpo").after_step is None
+    assert methods.get("gdpo-distill").after_step == methods.get("opsd").after_step
     assert "opsd" not in inspect.getsource(trainer.MRTPOTrainer._compute_advantage)
     assert "trainer" not in inspect.getsource(opsd_step.write_opsd_teacher)
 
 
+@pytest.mark.parametrize("base", [OPSD, GDPO_DISTILL], ids=["opsd", "gdpo-distill"])
 @pytest.mark.parametrize("override, message", [("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                                                ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "ulysses"),
                                                ("actor_rollout_ref.actor.strategy=megatron", "strategy=fsdp2"),
-                                               ("distillation.enabled=True", "teacher servers")])
-def test_settings_opsd_cannot_run_with_are_refused(override, message):
+                                               ("distillation.enabled=True", "teacher servers"),
+                                               ("distillation.distillation_loss.use_policy_gradient=True", "pinned")])
+def test_settings_the_self_teachers_cannot_run_with_are_refused(base, override, message):
     from recipe.mrtpo.main_mrtpo import check_config
 
-    base = ["algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd"]
+    name = "opsd" if base is OPSD else "gdpo-distill"
     with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
-        assert check_config(compose(config_name="mrtpo_trainer", overrides=base)).name == "opsd"
+        assert check_config(compose(config_name="mrtpo_trainer", overrides=list(base))).name == name
         with pytest.raises(ValueError, match=message):
             check_config(compose(config_name="mrtpo_trainer", overrides=[*base, override]))
+
+
+@pytest.mark.parametrize("base, override, message", [
+    (OPSD[:2], None, "use_kl_loss=True"),  # the frozen teacher is verl's reference worker
+    (OPSD, "actor_rollout_ref.model.lora_rank=8", "LoRA"),
+    (OPSD, "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "ulysses"),
+    (OPSD, "mrtpo.opsd_support=full", "full vocabulary"),
+    (OPSD, "mrtpo.opsd_beta=1.5", r"opsd_beta must be in \[0, 1\]"),
+    (OPSD, "mrtpo.opsd_loss_coef=0.5", "not read by method opsd"),  # gdpo-distill's knobs
+    (OPSD, "mrtpo.opsd_loss_mode=k3", "not read by method opsd"),
+    (OPSD, "distillation.distillation_loss.log_prob_min_clamp=-5", "not read by method opsd"),
+    (OPSD, "+distillation.distillation_loss.use_chunked_topk=True", "not read by method opsd"),
+    (OPSD, "actor_rollout_ref.actor.kl_loss_coef=0.001", "kl_loss_coef=0.001 is not read by method opsd"),
+    (OPSD, "actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff=0.01 is not read by method opsd"),
+    (GDPO_DISTILL, "mrtpo.opsd_beta=0.3", "not read by method gdpo-distill"),  # OPSD's knobs
+    (GDPO_DISTILL, "mrtpo.opsd_support=topk", None),  # its default: accepted
+])
+def test_each_objectives_knobs_are_refused_by_the_other(base, override, message):
+    from recipe.mrtpo.main_mrtpo import check_config
+
+    with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
+        cfg = compose(config_name="mrtpo_trainer", overrides=[*base, *([override] if override else [])])
+        if message is None:
+            check_config(cfg)
+            return
+        with pytest.raises(ValueError, match=message):
+            check_config(cfg)

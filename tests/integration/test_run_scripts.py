@@ -50,6 +50,7 @@ ALGO_EXPECT = {
     "cort": ("mrtpo", "cort", False),
     "shuffle": ("mrtpo", "mrtpo", True),
     "opsd": ("gdpo", "opsd", False),
+    "gdpo-distill": ("gdpo", "gdpo-distill", False),
     "rlsd": ("gdpo", "rlsd", False),
     "sdpo": ("gdpo", "sdpo", False),
 }
@@ -61,7 +62,7 @@ DRY_RUNS = {
     "qwen3b_ifbench": "cort",
     "qwen3b_text2sql": "shuffle",
     "qwen3b_toolcall": "sdpo",
-    "qwen7b_ifbench": "gdpo",
+    "qwen7b_ifbench": "gdpo-distill",
     "qwen7b_text2sql": "opsd",
     "qwen7b_toolcall": "rlsd",
     "qwen1.5b_toolcall_multiturn": "opsd",
@@ -177,8 +178,11 @@ def test_dry_run_config(dry_runs, name):
     assert cfg["algorithm"]["adv_estimator"] == est
     assert cfg["mrtpo"]["mode"] == mode
     assert cfg["mrtpo"]["shuffle"] is shuffle
-    if algo == "opsd":  # the teacher is the actor itself: verl's teacher servers stay off
-        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (32, "forward_kl_topk", 1.0)
+    if algo == "opsd":  # the reference's recommended run: JSD beta 0.5, top-50 renormalised; verl's teacher servers off
+        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_beta"], cfg["mrtpo"]["opsd_support"]) == (None, 0.5, "topk")
+        assert cfg["distillation"]["enabled"] is False
+    if algo == "gdpo-distill":  # the teacher is the actor itself: verl's teacher servers stay off
+        assert (cfg["mrtpo"]["opsd_topk"], cfg["mrtpo"]["opsd_loss_mode"], cfg["mrtpo"]["opsd_loss_coef"]) == (None, "forward_kl_topk", 1.0)
         assert cfg["distillation"]["enabled"] is False
     if algo == "sdpo":  # SDPO's reference defaults; the EMA teacher needs FSDP2 (the scripts' strategy)
         m = cfg["mrtpo"]
@@ -225,7 +229,8 @@ def test_dry_run_config(dry_runs, name):
     assert arr["actor"]["optim"]["lr"] == 1e-6
     assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == LENGTHS[task]
     _check_agent_loop(cfg, task)
-    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, 0.001, "low_var_kl")
+    kl_coef = 0 if algo == "opsd" else 0.001  # ALGO=opsd's overrides: its loss has no KL term (the reference worker stays)
+    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, kl_coef, "low_var_kl")
     assert cfg["algorithm"]["use_kl_in_reward"] is False
     # ... and the extra overrides, passed last, won over the script's own values
     assert cfg["trainer"]["test_freq"] == 7

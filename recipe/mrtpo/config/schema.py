@@ -20,11 +20,18 @@ from recipe.mrtpo.core.relevance import MEASURES  # noqa: F401
 
 #: mrtpo.mode's values: the ``mode`` of the methods registry's entries (recipe/mrtpo/methods/; the registry
 #: validates against this config, never the other way: tests/unit/test_advantage.py checks the two agree)
-MODES = ("mrtpo", "cort", "opsd", "rlsd", "sdpo")
-#: verl's distillation losses OPSD runs with (docs/opsd.md): the top-k forward KL, or a single-sample estimator
-#: on the sampled token (k1/kl are left out: backpropagated directly, their gradient ignores the teacher)
+MODES = ("mrtpo", "cort", "opsd", "gdpo-distill", "rlsd", "sdpo")
+#: verl's distillation losses gdpo-distill (GDPO + a distillation term to the live self-teacher, docs/opsd.md) runs
+#: with: the top-k forward KL, or a single-sample estimator on the sampled token (k1/kl are left out: backpropagated
+#: directly, their gradient ignores the teacher)
 OPSD_TOPK_LOSS_MODES = ("forward_kl_topk",)
 OPSD_LOSS_MODES = OPSD_TOPK_LOSS_MODES + ("k3", "low_var_kl", "k2", "mse", "abs")
+#: OPSD's support of the generalised JSD: the teacher's top-k renormalised (siyan-zhao/OPSD's --top_k_loss), or the
+#: full vocabulary (its default), which the recipe does not run (docs/opsd.md, "The full vocabulary")
+OPSD_SUPPORTS = ("topk", "full")
+#: mrtpo.opsd_topk when null: OPSD's (the reference's top-k script, --top_k_loss 50) and gdpo-distill's (verl's
+#: distillation topk default, 32)
+OPSD_TOPK_DEFAULTS = {"opsd": 50, "gdpo-distill": 32}
 #: RLSD's teacher: the behaviour policy under P_all (live, ms-swift's default) or the initial policy under P_all
 #: (initial: verl's reference policy, the RLSD authors' shipped configuration)
 RLSD_TEACHERS = ("live", "initial")
@@ -53,7 +60,7 @@ class MRTPOConfig(BaseConfig):
     warmup_steps: int = 10  # beta_s = beta * smoothstep(s / warmup_steps) (§1.4); 0 = no warm-up
     max_realloc_rms: Optional[float] = 1.0  # rho of the second-moment constraint (§1.5); None disables
     measure: str = "js_distance"  # js_distance | js_divergence (§1.2)
-    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd (§6, docs/opsd.md) | rlsd (§1.8)
+    mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd | gdpo-distill (docs/opsd.md) | rlsd (§1.8)
     replay: bool = True  # False: no replay, mrtpo == gdpo (timing baselines)
     shuffle: bool = False  # the control ablation: q permuted over each response's valid tokens (§1.7)
     seed: int = 0  # seed of the shuffle (combined with the step)
@@ -69,9 +76,12 @@ class MRTPOConfig(BaseConfig):
     # OPSD / RLSD: the framing of the privileged information in the teacher prompt, a str.format string with
     # {prompt} (the last user turn) and {information} (the appended Z_k); None = core.prompt_variants.TEACHER_TEMPLATE
     teacher_template: Optional[str] = None
-    opsd_topk: int = 32  # OPSD: teacher log-probs kept per response token (verl's distillation topk default)
-    opsd_loss_mode: str = "forward_kl_topk"  # OPSD: verl distillation loss (OPSD_LOSS_MODES)
-    opsd_loss_coef: float = 1.0  # OPSD: policy loss of the advantage + coef * distillation loss
+    # OPSD and gdpo-distill: teacher log-probs kept per response token; None = OPSD_TOPK_DEFAULTS[mode]
+    opsd_topk: Optional[int] = None
+    opsd_beta: float = 0.5  # OPSD: beta of the generalised JSD (0 forward KL, 1 reverse KL; the reference's 0.5)
+    opsd_support: str = "topk"  # OPSD: topk (the teacher's top-k, renormalised) | full (refused: docs/opsd.md)
+    opsd_loss_mode: str = "forward_kl_topk"  # gdpo-distill: verl distillation loss (OPSD_LOSS_MODES)
+    opsd_loss_coef: float = 1.0  # gdpo-distill: policy loss of the advantage + coef * distillation loss
     rlsd_lambda: float = 0.5  # RLSD: mixing weight, 0 = GDPO, 1 = the full reweight (ms-swift's default)
     rlsd_reweight_clip_range: float = 0.2  # RLSD: eps_w, the evidence weight is clipped to [1 - eps_w, 1 + eps_w]
     rlsd_lambda_warmup_steps: int = 0  # RLSD: lambda ramps linearly from 0 over these optimizer steps (ms-swift's)
@@ -104,8 +114,18 @@ class MRTPOConfig(BaseConfig):
         if self.max_replay_prompt_length is not None and self.max_replay_prompt_length < 1:
             raise ValueError(f"mrtpo.max_replay_prompt_length must be >= 1 or null, got {self.max_replay_prompt_length}")
         check_teacher_template(self.teacher_template)
-        if self.opsd_topk < 1:
-            raise ValueError(f"mrtpo.opsd_topk must be >= 1, got {self.opsd_topk}")
+        if self.opsd_topk is not None and self.opsd_topk < 1:
+            raise ValueError(f"mrtpo.opsd_topk must be >= 1 or null, got {self.opsd_topk}")
+        if not 0.0 <= float(self.opsd_beta) <= 1.0:
+            raise ValueError(f"mrtpo.opsd_beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {self.opsd_beta}")
+        _choice("opsd_support", self.opsd_support, OPSD_SUPPORTS)
+        if self.opsd_support == "full":
+            raise ValueError(
+                "mrtpo.opsd_support=full is not supported: the JSD over the full vocabulary needs the teacher's whole "
+                "distribution at every response token, which cannot be stored per token (V x tokens, 152k x 4 bytes a "
+                "token for Qwen) and which the recipe does not yet compute inside the actor update from the reference "
+                "model. Use mrtpo.opsd_support=topk (the reference's --top_k_loss: the teacher's top-k, renormalised; "
+                "mrtpo.opsd_topk, default 50). docs/opsd.md, 'The full vocabulary'.")
         _choice("opsd_loss_mode", self.opsd_loss_mode, OPSD_LOSS_MODES)
         if not float(self.opsd_loss_coef) >= 0.0:
             raise ValueError(f"mrtpo.opsd_loss_coef must be >= 0, got {self.opsd_loss_coef}")
@@ -131,6 +151,10 @@ class MRTPOConfig(BaseConfig):
             bad = {k: v for k, v in dict(self.reward_weights).items() if not isinstance(v, (int, float))}
             if bad:
                 raise ValueError(f"mrtpo.reward_weights must map reward names to numbers, got {bad}")
+
+    def opsd_topk_of(self) -> int:
+        """k of the self-teacher's top-k: ``opsd_topk``, or the mode's default (:data:`OPSD_TOPK_DEFAULTS`)."""
+        return int(self.opsd_topk) if self.opsd_topk is not None else OPSD_TOPK_DEFAULTS.get(self.mode, OPSD_TOPK_DEFAULTS["opsd"])
 
     def reward_weight(self, name: str) -> float:
         """Fixed lambda_k of reward ``name`` (1 unless named in ``reward_weights``)."""

@@ -16,14 +16,14 @@ A method is what ``ALGO=<name>`` selects in the run scripts and what a report ro
 - ``after_step``: a hook after the advantage is written (OPSD's and SDPO's teacher passes and loss settings), named by
   its import path (:class:`GlueRef`);
 - ``checks``: verl settings the method cannot run with, refused with what to change;
-- ``no_privileged``: for a self-teacher (OPSD, RLSD, SDPO), what it is where no row's teacher prompt differs
+- ``no_privileged``: for a self-teacher (OPSD, gdpo-distill, RLSD, SDPO), what it is where no row's teacher prompt differs
   from its rollout prompt (a mark and a sentence): the launch line of such a run
   (:func:`no_privileged_line`, on the first step whose ``mrtpo/rows_privileged`` is 0) and the report's
   mark of its table cells.
 
 Layout: :mod:`.types` (the entry's types), :mod:`.checks` (the shared verl-setting checks), one module per
 method or family holding its entry, advantage, pass needs and hook (:mod:`.gdpo`: GRPO and GDPO;
-:mod:`.mrtpo`: MRTPO, CoRT, shuffle; :mod:`.rlsd`; :mod:`.opsd`, a package with OPSD's teacher pass and
+:mod:`.mrtpo`: MRTPO, CoRT, shuffle; :mod:`.rlsd`; :mod:`.opsd`, a package with OPSD's and gdpo-distill's teacher pass and
 loss; :mod:`.sdpo`, SDPO's entry, pass, EMA teacher and loss on OPSD's pass), :mod:`.registry` (the table, :func:`resolve`, the command line). The registry and its types import no
 torch, no verl and none of the trainer's glue (tests/unit/test_import_graph.py): the run scripts call its
 command line for every launch with any python3: ``python3 -m recipe.mrtpo.methods`` lists the methods,

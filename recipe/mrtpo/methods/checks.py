@@ -65,3 +65,26 @@ def check_per_reward_step(config, method: Method, cfg) -> None:
             f"method {method.name} normalises each reward by its group std (GDPO): algorithm.norm_adv_by_std_in_grpo=False "
             "is not supported"
         )
+
+
+def check_reference_teacher(config, what: str, instead: str) -> None:
+    """A teacher taken from verl's reference worker (the initial policy: RLSD's ``rlsd_teacher=initial``, OPSD's
+    frozen teacher) needs the config to build it as a full model the pass can run: no LoRA reference, Ulysses
+    SP 1, FSDP; refused before Ray starts. ``what``: the setting that asks for it; ``instead``: the alternative."""
+    arr = "actor_rollout_ref"
+    lora = int(get_key(config, f"{arr}.model.lora.rank", 0) or 0) or int(get_key(config, f"{arr}.model.lora_rank", 0) or 0)
+    if lora > 0 or get_key(config, f"{arr}.model.lora_adapter_path") is not None:
+        raise ValueError(f"{what} is not supported with LoRA: verl's reference policy is then the actor "
+                         f"with its adapter off, which the teacher pass does not run. {instead}.")
+    if not bool(get_key(config, f"{arr}.actor.use_kl_loss", False)):
+        raise ValueError(f"{what} takes the initial policy from verl's reference worker, which verl "
+                         f"builds only for a KL loss: set {arr}.actor.use_kl_loss=True (with kl_loss_coef=0 the loss is "
+                         f"unchanged) or {instead[0].lower()}{instead[1:]}.")
+    sp = int(get_key(config, f"{arr}.ref.ulysses_sequence_parallel_size", 1) or 1)
+    if sp > 1:
+        raise ValueError(f"{arr}.ref.ulysses_sequence_parallel_size={sp} is not supported with {what}: "
+                         f"the teacher pass runs whole sequences through the reference model. Set it to 1.")
+    strategy = str(get_key(config, f"{arr}.ref.strategy", "fsdp"))
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(f"{arr}.ref.strategy={strategy} is not supported with {what}: the teacher "
+                         "pass runs on the FSDP engine's Hugging Face module. Use fsdp2 (or fsdp).")

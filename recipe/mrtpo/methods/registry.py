@@ -13,12 +13,12 @@ from typing import Optional
 
 from recipe.mrtpo.methods.gdpo import GDPO, GRPO
 from recipe.mrtpo.methods.mrtpo import CORT, MRTPO, SHUFFLE
-from recipe.mrtpo.methods.opsd import OPSD
+from recipe.mrtpo.methods.opsd import GDPO_DISTILL, OPSD
 from recipe.mrtpo.methods.rlsd import RLSD
 from recipe.mrtpo.methods.sdpo import SDPO
 from recipe.mrtpo.methods.types import RESOURCE_KNOBS, SELECTORS, Method, ReplayPass, get_key
 
-METHODS: dict[str, Method] = {m.name: m for m in (GRPO, GDPO, MRTPO, CORT, SHUFFLE, OPSD, RLSD, SDPO)}
+METHODS: dict[str, Method] = {m.name: m for m in (GRPO, GDPO, MRTPO, CORT, SHUFFLE, OPSD, GDPO_DISTILL, RLSD, SDPO)}
 
 
 def names() -> list[str]:
@@ -117,7 +117,7 @@ def resolve(config) -> Method:
 def main(argv: list[str]) -> int:
     if not argv or argv == ["list"]:
         for m in METHODS.values():
-            print(f"{m.name:8s} {' '.join(m.overrides):45s} {m.summary}")
+            print(f"{m.name:12s} {' '.join(m.overrides):45s} {m.summary}")
         return 0
     if argv[0] == "names" and len(argv) == 1:
         print(" ".join(names()))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step
+from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step, check_reference_teacher
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
 from recipe.mrtpo.methods.types import (
     PASS_KNOBS,
@@ -123,25 +123,8 @@ def rlsd_without_privileged(metrics: dict) -> tuple[str, str]:
 def check_rlsd_teacher(config, method: Method, cfg) -> None:
     """``mrtpo.rlsd_teacher=initial`` reads verl's reference worker: the config must build it, as a full model
     the pass can run (no LoRA reference, Ulysses SP 1, FSDP), or the run is refused before Ray starts."""
-    if not initial_teacher(cfg):
-        return
-    arr = "actor_rollout_ref"
-    lora = int(get_key(config, f"{arr}.model.lora.rank", 0) or 0) or int(get_key(config, f"{arr}.model.lora_rank", 0) or 0)
-    if lora > 0 or get_key(config, f"{arr}.model.lora_adapter_path") is not None:
-        raise ValueError("mrtpo.rlsd_teacher=initial is not supported with LoRA: verl's reference policy is then the actor "
-                         "with its adapter off, which the teacher pass does not run. Use mrtpo.rlsd_teacher=live.")
-    if not bool(get_key(config, f"{arr}.actor.use_kl_loss", False)):
-        raise ValueError(f"mrtpo.rlsd_teacher=initial takes the initial policy from verl's reference worker, which verl "
-                         f"builds only for a KL loss: set {arr}.actor.use_kl_loss=True (with kl_loss_coef=0 the loss is "
-                         "unchanged) or use mrtpo.rlsd_teacher=live.")
-    sp = int(get_key(config, f"{arr}.ref.ulysses_sequence_parallel_size", 1) or 1)
-    if sp > 1:
-        raise ValueError(f"{arr}.ref.ulysses_sequence_parallel_size={sp} is not supported with mrtpo.rlsd_teacher=initial: "
-                         f"the teacher pass runs whole sequences through the reference model. Set it to 1.")
-    strategy = str(get_key(config, f"{arr}.ref.strategy", "fsdp"))
-    if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"{arr}.ref.strategy={strategy} is not supported with mrtpo.rlsd_teacher=initial: the teacher "
-                         "pass runs on the FSDP engine's Hugging Face module. Use fsdp2 (or fsdp).")
+    if initial_teacher(cfg):
+        check_reference_teacher(config, "mrtpo.rlsd_teacher=initial", "Use mrtpo.rlsd_teacher=live")
 
 
 RLSD = Method(

@@ -114,6 +114,10 @@ class StepContext:
     worker_group: Any  # the actor's worker group (its registered methods, e.g. compute_opsd_teacher)
     dp_size: Callable[[], int]  # the actor's data-parallel size
     row_render: Optional[Callable[[int], Callable[[list], list]]] = None  # sample -> its render (the row's tools), or None
+    # verl's reference worker group (the initial policy; raises where verl built none) and its data-parallel size:
+    # OPSD's frozen teacher
+    reference_group: Optional[Callable[[], Any]] = None
+    reference_dp_size: Optional[Callable[[], int]] = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class Method:
     # a self-teacher's step metrics -> (mark, sentence): what the method is where no row has privileged
     # information (the report's mark of such a run, the launch line); None for the other methods
     no_privileged: Optional[Callable[[dict], tuple[str, str]]] = None
+    # verl settings the method cannot run without, appended to its overrides (what ALGO= passes): OPSD's reference
+    # worker (use_kl_loss=True) with no KL term (kl_loss_coef=0, which its loss does not read); SDPO's FSDP2
+    settings: tuple[str, ...] = ()
 
     @property
     def overrides(self) -> tuple[str, ...]:
@@ -143,7 +150,7 @@ class Method:
             out.append(f"mrtpo.mode={self.mode}")
         if self.shuffle:
             out.append("mrtpo.shuffle=True")
-        return tuple(out)
+        return (*out, *self.settings)
 
     @property
     def recipe_step(self) -> bool:

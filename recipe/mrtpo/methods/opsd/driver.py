@@ -24,6 +24,7 @@ from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.config.schema import OPSD_TOPK_LOSS_MODES
 from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.replay_plan import p_all_prompts
+from recipe.mrtpo.methods.opsd import JSD_UNREAD
 from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.methods.types import ROWS_PRIVILEGED
 from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
@@ -133,7 +134,7 @@ def run_opsd_teacher(
     if student_prompts:
         inputs["student_prompt_ids"], inputs["student_prompt_lens"] = pack_prompts(rollout_prompts, pad_id)
     inputs = pad_to_multiple(inputs, dp_size)
-    k = int(cfg.opsd_topk if topk is None else topk)
+    k = cfg.opsd_topk_of() if topk is None else int(topk)
     settings = {**pass_settings(cfg, temperature, pad_id, token_budget).to_wire(), "topk": k}
     out = dispatch(inputs, settings)
     teacher = OPSDTeacher(
@@ -207,24 +208,52 @@ def teacher_fields(
     return {"teacher_logprobs": nested(lps), "teacher_ids": nested(idss)}
 
 
-def distillation_loss_settings(cfg: MRTPOConfig, verl_loss_group: Optional[dict] = None) -> dict:
-    """The ``DistillationLossConfig`` fields the actor's loss is built with (``loss.py``).
+#: the name OPSD's renormalised top-k JSD is registered under in verl's distillation loss registry (``loss.py``)
+JSD_TOPK_LOSS_MODE = "mrtpo_opsd_jsd_topk"
+#: the recipe's own key in the loss settings (not a ``DistillationLossConfig`` field): OPSD's beta
+BETA_KEY = "jsd_beta"
 
-    Start from verl's ``distillation.distillation_loss`` group (clamps, ``use_policy_gradient``...; its
-    defaults when absent), then the recipe's knobs: ``loss_mode = mrtpo.opsd_loss_mode``, ``topk =
-    mrtpo.opsd_topk``, ``distillation_loss_coef = mrtpo.opsd_loss_coef``, ``use_task_rewards = True`` (RL +
-    distillation: the GDPO advantage's policy loss plus the coefficient times the distillation loss).
+#: the mode of OPSD as its paper defines it (the distillation loss alone, to the initial policy) and of gdpo-distill
+#: (GDPO's policy loss + c x verl's distillation loss, to the live policy)
+OPSD_MODE, GDPO_DISTILL_MODE = "opsd", "gdpo-distill"
+
+
+def frozen_teacher(cfg: MRTPOConfig) -> bool:
+    """OPSD's teacher is the initial policy (the reference's ``--fixed_teacher``: verl's reference worker); gdpo-distill's
+    is the behaviour policy (the actor)."""
+    return cfg.mode == OPSD_MODE
+
+
+def distillation_loss_settings(cfg: MRTPOConfig, verl_loss_group: Optional[dict] = None) -> dict:
+    """The settings the actor's loss is built with (``loss.py``): ``DistillationLossConfig`` fields, plus OPSD's beta.
+
+    Start from verl's ``distillation.distillation_loss`` group (``loss_max_clamp``...; its defaults when absent),
+    then the method's:
+
+    - OPSD (the paper's objective): ``loss_mode`` = the recipe's registered renormalised top-k JSD, ``topk`` = k,
+      ``use_task_rewards = False`` (no policy loss: the distillation loss alone), coefficient 1, and
+      ``jsd_beta = mrtpo.opsd_beta``;
+    - gdpo-distill: ``loss_mode = mrtpo.opsd_loss_mode``, ``topk`` = k, ``distillation_loss_coef =
+      mrtpo.opsd_loss_coef``, ``use_task_rewards = True`` (GDPO's policy loss + coef x distillation loss).
+
+    Both pin ``use_policy_gradient = False``: the divergence is a loss backpropagated directly, never a reward
+    (verl's YAML default, but its dataclass default is True; ``check_opsd`` refuses True in the group).
     """
-    out = {k: v for k, v in dict(verl_loss_group or {}).items() if k not in ("_target_", "global_batch_info", "loss_settings")}
-    out.update(
-        loss_mode=cfg.opsd_loss_mode,
-        topk=int(cfg.opsd_topk),
-        distillation_loss_coef=float(cfg.opsd_loss_coef),
-        use_task_rewards=True,
-    )
+    skip = {"_target_", "global_batch_info", "loss_settings"}
+    if cfg.mode == OPSD_MODE:
+        skip |= {*JSD_UNREAD, "chunked_topk_chunk_size"}
+    out = {k: v for k, v in dict(verl_loss_group or {}).items() if k not in skip}
+    if cfg.mode == OPSD_MODE:
+        out.update(loss_mode=JSD_TOPK_LOSS_MODE, topk=cfg.opsd_topk_of(), distillation_loss_coef=1.0,
+                   use_task_rewards=False, use_policy_gradient=False)
+        out.setdefault("loss_max_clamp", None)  # verl's YAML default (no clamp, as the reference), not its dataclass's 10
+        out[BETA_KEY] = float(cfg.opsd_beta)
+        return out
+    out.update(loss_mode=cfg.opsd_loss_mode, topk=cfg.opsd_topk_of(), distillation_loss_coef=float(cfg.opsd_loss_coef),
+               use_task_rewards=True, use_policy_gradient=False)
     return out
 
 
 def uses_topk(cfg: MRTPOConfig) -> bool:
-    """Whether the loss reads the teacher's top-k (``forward_kl_topk``) or the sampled token's log-prob."""
-    return cfg.opsd_loss_mode in OPSD_TOPK_LOSS_MODES
+    """Whether the loss reads the teacher's top-k (OPSD's JSD, ``forward_kl_topk``) or the sampled token's log-prob."""
+    return cfg.mode == OPSD_MODE or cfg.opsd_loss_mode in OPSD_TOPK_LOSS_MODES

@@ -1,12 +1,13 @@
-"""OPSD's part of the trainer's advantage step (``mrtpo.mode=opsd``, docs/opsd.md), on verl's batch.
+"""The self-teachers' part of the trainer's advantage step (``mrtpo.mode=opsd`` or ``gdpo-distill``, docs/opsd.md).
 
-OPSD's entry (:mod:`recipe.mrtpo.methods.opsd`) names :func:`write_opsd_teacher` as its after-step hook: after
+Both entries (:mod:`recipe.mrtpo.methods.opsd`) name :func:`write_opsd_teacher` as their after-step hook: after
 GDPO's advantage is written, it takes the step's inputs from its :class:`~recipe.mrtpo.methods.types.StepContext`
-(the reward table, the prompts, the renderer, the actor's worker group), fetches the responses and
-verl's old log-probs from TransferQueue, runs the teacher pass on the actor's
-workers (``compute_opsd_teacher``, through :func:`recipe.mrtpo.methods.opsd.driver.run_opsd_teacher`), writes
-verl's ``teacher_logprobs`` / ``teacher_ids`` back, and puts the loss settings in the batch's
-``extra_info`` for the actor update (``worker.update_actor`` installs verl's distillation loss from them).
+(the reward table, the prompts, the renderer, the worker groups), fetches the responses and verl's old
+log-probs from TransferQueue, runs the teacher pass (:func:`recipe.mrtpo.methods.opsd.driver.run_opsd_teacher`:
+OPSD's on verl's reference worker, the frozen initial policy, ``compute_ref_opsd_teacher``; gdpo-distill's on the
+actor's workers, the live policy, ``compute_opsd_teacher``), writes verl's ``teacher_logprobs`` / ``teacher_ids``
+back, and puts the loss settings in the batch's ``extra_info`` for the actor update (``worker.update_actor``
+installs the method's loss from them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.mrtpo import verl_seam
-from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY, distillation_loss_settings, run_opsd_teacher, teacher_fields, uses_topk
+from recipe.mrtpo.methods.opsd.driver import (
+    LOSS_SETTINGS_KEY,
+    distillation_loss_settings,
+    frozen_teacher,
+    run_opsd_teacher,
+    teacher_fields,
+    uses_topk,
+)
 from recipe.mrtpo.methods.types import StepContext
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
 
@@ -60,17 +68,25 @@ def teacher_pass(ctx: StepContext, worker_method: str = "compute_opsd_teacher", 
     old = extra.get("old_log_probs", None)
     prompts = [[int(t) for t in _list(p)] for p in (d["prompts"].unbind() if getattr(d["prompts"], "is_nested", False) else d["prompts"])]
     messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _list(d["raw_prompt"])]
-    method = getattr(ctx.worker_group, worker_method)
+    frozen = frozen_teacher(cfg)
+    if frozen:  # OPSD: the initial policy, held by verl's reference worker (its own dispatch, mesh "ref")
+        if ctx.reference_group is None:
+            raise RuntimeError("OPSD's teacher is verl's reference policy: the step context names no reference worker group")
+        wg, dp_size = ctx.reference_group(), ctx.reference_dp_size()
+        call = wg.compute_ref_opsd_teacher
+    else:  # gdpo-distill (and SDPO): the behaviour policy, the actor itself
+        call, dp_size = getattr(ctx.worker_group, worker_method), ctx.dp_size()
 
     def dispatch(inputs: dict, settings: dict) -> dict:
-        return dispatch_rows(method, inputs, settings)
+        return dispatch_rows(call, inputs, settings)
 
     teacher = run_opsd_teacher(
-        cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, ctx.dp_size(),
+        cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, dp_size,
         temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
-        token_budget=token_budget(config), old_log_probs=_padded(old, 0.0) if old is not None else None,
+        token_budget=token_budget(config, reference=frozen), old_log_probs=_padded(old, 0.0) if old is not None else None,
         row_render=ctx.row_render, **run_kwargs,
     )
+    ctx.metrics[f"{run_kwargs.get('prefix', 'mrtpo/opsd')}/teacher_initial"] = float(frozen)
     ctx.metrics.update(teacher.metrics)
     return teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), pad_id
 

@@ -58,4 +58,5 @@ SDPO = Method("sdpo", "SDPO: JSD to an EMA teacher under P_all over the student'
               "gdpo", mode="sdpo", reads=(*PASS_KNOBS, *TEACHER_KNOBS, *SDPO_KNOBS),
               advantage=gdpo_advantage, after_step=GlueRef("recipe.mrtpo.methods.sdpo.step", "write_sdpo_teacher"),
               checks=(check_module_forward, check_sdpo),
-              no_privileged=lambda metrics: ("= EMA self-regularisation here", SDPO_WITHOUT_PRIVILEGED))
+              no_privileged=lambda metrics: ("= EMA self-regularisation here", SDPO_WITHOUT_PRIVILEGED),
+              settings=("actor_rollout_ref.actor.strategy=fsdp2",))  # its EMA teacher swaps FSDP2's shards (check_sdpo)
