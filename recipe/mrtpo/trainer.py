@@ -102,6 +102,8 @@ def reward_metrics(table: RewardTable, valid=None) -> dict:
     # a verifier that raised (the row has no scores) apart from a checker that failed on one reward (scored 0)
     metrics["mrtpo/verifier_errors"] = float(sum(1 for r, v in zip(table.raised, keep.tolist()) if r and v))
     metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
+    # of those, rows whose agent-loop record (multi-turn) was missing or malformed: every reward 0
+    metrics["mrtpo/record_errors"] = float(sum(1 for e, v in zip(table.record_errors, keep.tolist()) if e and v))
     return metrics
 
 
