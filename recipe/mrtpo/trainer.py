@@ -405,7 +405,9 @@ class MRTPOTrainer(PPOTrainerSync):
         index = ab.uid
         n = min(len(index), d.max_samples)
         mask = ab.response_mask[:n]
-        T = int(mask.sum(-1).max()) if n else 0
+        # the whole response (tool and user spans of a multi-turn one included), not the model's token count
+        lengths = ab.response_lengths[:n]
+        T = int(lengths.max()) if n else 0
         responses = ab.data.batch["responses"][:n, :T].cpu()
         replayed = replay.replayed if replay is not None else torch.zeros(len(index), len(table.names), dtype=torch.bool)
         dump = RelevanceDump(
@@ -420,6 +422,7 @@ class MRTPOTrainer(PPOTrainerSync):
             relevance=replay.relevance[:n, :, :T].clone() if replay is not None else None,
             advantages=adv[:n, :T].detach().cpu().clone(),
             response_mask=mask[:, :T].cpu().clone(),
+            response_lengths=lengths.clone(),
             response_ids=responses.clone(),
             response_tokens=[[self.tokenizer.decode([t]) for t in r.tolist()] for r in responses],
             contexts=list(table.contexts[:n]),
