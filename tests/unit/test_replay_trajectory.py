@@ -148,8 +148,8 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     assert z in tok.decode(p_all) and z not in tok.decode(p_minus) and '"name": "cd"' in tok.decode(p_minus)  # tools kept
     with torch.no_grad():
         def logits(prompt):
-            seq = torch.tensor([list(prompt) + out.response_ids])
-            return model(input_ids=seq).logits[0, len(prompt) - 1 : len(prompt) - 1 + T] / TEMPERATURE
+            seq = torch.tensor([list(prompt) + out.response_ids])  # the logits of positions P-1 .. P+T-2 only
+            return model(input_ids=seq, logits_to_keep=T + 1).logits[0, :T] / TEMPERATURE
 
         want = js_distance(logits(p_all), logits(p_minus)) * mask
     m = mask > 0
