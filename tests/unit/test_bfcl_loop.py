@@ -50,25 +50,14 @@ def load(category: str, ids: list[int]) -> list[tuple[dict, list]]:
 
 
 def row_of(entry: dict) -> tuple[list, dict]:
-    """(raw_prompt, extra_info) of a BFCL question as the row contract states it (``bfcl_env``'s docstring;
-    ``data_prep.multi_turn`` writes it): BFCL's own populate adds the docs and moves the held-out ones to their
-    turn; a held-out turn holds BFCL's FC message."""
-    import copy
+    """(raw_prompt, extra_info) of a BFCL question's row, built by the rows' one builder, ``data_prep.multi_turn``."""
+    from data_prep.multi_turn import multi_turn_row
 
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-    from bfcl_eval.utils import populate_test_cases_with_predefined_functions
-
-    full = populate_test_cases_with_predefined_functions([copy.deepcopy(entry)])[0]
-
-    def wrap(docs):
-        return [{"type": "function", "function": d} for d in docs]
-
-    turns = [m or [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}] for m in entry["question"]]
-    extra_info = {"id": entry["id"], "involved_classes": entry["involved_classes"],
-                  "initial_config": json.dumps(entry["initial_config"]), "tools": json.dumps(wrap(full["function"])),
-                  "missed_function": json.dumps({t: wrap(d) for t, d in full.get("missed_function", {}).items()}),
-                  "user_turns": json.dumps(turns)}
-    return [{"role": "system", "content": "You are a helpful assistant."}, *turns[0]], extra_info
+    category = entry["id"].rsplit("_", 1)[0].removeprefix("multi_turn_")
+    (_, gold), = load(category, [int(entry["id"].rsplit("_", 1)[1])])
+    row = multi_turn_row(entry, gold, category)
+    assert row["agent_name"] == "bfcl_multi_turn"
+    return row["prompt"], row["extra_info"]
 
 
 ITEMS = load("base", [0, 7, 55]) + load("miss_func", [0, 12]) + load("long_context", [3]) + load("miss_param", [4])
@@ -132,7 +121,21 @@ def make_loop(tok, server, response_length=16384, max_tool_response_length=100_0
                                   hf_model_type="qwen2", tools=None, name="bfcl_multi_turn", **knobs)
     loop.envs = []
     make = loop.make_env
-    loop.make_env = lambda entry: loop.envs.append(make(entry)) or loop.envs[-1]
+
+    def make_env(entry):  # keep each trajectory's environment and its final backends (taken before close)
+        env = make(entry)
+        close = env.close
+
+        def close_keeping_state(*args, **kwargs):
+            if not env.poisoned:
+                env.final = env.snapshot()
+            close(*args, **kwargs)
+
+        env.close = close_keeping_state
+        loop.envs.append(env)
+        return env
+
+    loop.make_env = make_env
     return loop
 
 
@@ -207,7 +210,8 @@ def test_gold_trajectory_reaches_bfcls_state_and_outputs(tok, entry, gold):
         res, bfcl_instances = execute_multi_turn_func_call(turn, entry["initial_config"], entry["involved_classes"],
                                                            model, entry["id"], long_context=long_context)
         bfcl_outputs.append(res)
-    ours = loop.envs[0].instances
+    assert type(loop.envs[0]).__name__ == "ProcessEnv"  # the default isolation
+    ours = loop.envs[0].final
     assert state_checker(ours, bfcl_instances) == {"valid": True}
     # the loop's decoded calls, executed by BFCL on fresh instances, reach the same state too
     model2 = f"mrtpo_test_{uuid.uuid4().hex}"
@@ -323,13 +327,45 @@ def test_decode_step_survives_the_hostile_tool_corpus():
     assert time.monotonic() - t0 < 60
 
 
-def test_each_trajectory_has_its_own_backends():
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_each_trajectory_has_its_own_backends(isolation):
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    make = BFCLEnv if isolation == "thread" else ProcessEnv
     entry, _ = load("base", [0])[0]
-    a, b = BFCLEnv(parse_entry(row_of(entry)[1])), BFCLEnv(parse_entry(row_of(entry)[1]))
+    a, b = make(parse_entry(row_of(entry)[1])), make(parse_entry(row_of(entry)[1]))
     assert a.execute("mkdir", {"dir_name": "only_in_a"}, 5).reason is None
     assert "only_in_a" in a.execute("ls", {}, 5).text and "only_in_a" not in b.execute("ls", {}, 5).text
-    c = BFCLEnv(parse_entry(row_of(entry)[1]))  # and nothing leaked into a later one of the same id
+    c = make(parse_entry(row_of(entry)[1]))  # and nothing leaked into a later one of the same id
     assert "only_in_a" not in c.execute("ls", {}, 5).text
+    for env in (a, b, c):
+        env.close()
+
+
+def test_a_process_env_stops_a_call_that_holds_the_interpreter():
+    """CPython's big-integer power keeps the GIL: only a process can stop it."""
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    env = ProcessEnv(parse_entry(GOOD_ROW))  # MathAPI
+    assert env.execute("add", {"a": 1, "b": 2}, 5) == bfcl_env.ExecResult('{"result": 3}')
+    t0 = time.monotonic()
+    r = env.execute("power", {"base": 99999999, "exponent": 99999999999}, 1.0)
+    assert r.reason == "call_timeout" and env.poisoned and env.stop_reason == "call_timeout"
+    assert time.monotonic() - t0 < 10 and env._proc is None  # the child was killed at once
+    assert env.execute("add", {"a": 1, "b": 2}, 5).reason == "env_poisoned"
+    env.close()
+
+
+def test_a_process_env_caps_memory():
+    """square_root at a precision of 10**9 digits wants GBs (and hours): under the cap it fails at once."""
+    from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+    env = ProcessEnv(parse_entry(GOOD_ROW), memory_limit_bytes=512 << 20)
+    t0 = time.monotonic()
+    r = env.execute("square_root", {"number": 2, "precision": 10**9}, 60)
+    assert r == bfcl_env.ExecResult("Error during execution: ", "call_raised") and time.monotonic() - t0 < 30  # MemoryError
+    assert env.execute("add", {"a": 1, "b": 2}, 5).text == '{"result": 3}'  # the child lives on
+    env.close()
 
 
 def test_environment_errors_are_bfcls_messages():
@@ -368,7 +404,8 @@ def test_knobs_are_typed_and_checked(tok):
     with pytest.raises(TypeError, match="unknown knob"):
         make_loop(tok, None, max_step_per_turn=3)
     for bad in ({"max_steps_per_turn": 0}, {"max_calls_per_step": 65}, {"call_timeout_s": 0},
-                {"on_decode_error": "ignore"}, {"max_step_tokens": 0}):
+                {"on_decode_error": "ignore"}, {"max_step_tokens": 0}, {"isolation": "none"},
+                {"memory_limit_mb": 100}, {"isolation": "thread", "memory_limit_mb": 1024}):
         with pytest.raises(ValueError):
             make_loop(tok, None, **bad)
     import yaml
@@ -421,7 +458,9 @@ HOSTILE = {
                             "total_step_limit"),
     "very_long_text": (["word " * 60000], {"response_length": 4096}, {"response_length": 1}, "response_length"),
     "long_step_text": (lambda i: "spam " * 5000 if i == 0 else "Done.", {"max_step_tokens": 256}, {}, "completed"),
-    "never_returns": ([call("spin")], {"call_timeout_s": 0.5}, {"call_timeout": 1}, "call_timeout"),
+    "holds_the_interpreter": ([call("power", base=99999999, exponent=99999999999)], {"call_timeout_s": 1.0},
+                              {"call_timeout": 1}, "call_timeout", 31),
+    "never_returns": ([call("spin")], {"call_timeout_s": 0.5, "isolation": "thread"}, {"call_timeout": 1}, "call_timeout"),
     "slow_server": (lambda i: call("ls"), {"trajectory_timeout_s": 0.6, "delay_s": 0.1}, {"trajectory_timeout": 1},
                     "trajectory_timeout"),
 }
@@ -429,9 +468,9 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monkeypatch):
-    first, knobs, reasons, end = HOSTILE[name]
+    first, knobs, reasons, end, *item = HOSTILE[name]
     knobs = dict(knobs)
-    entry, _ = load("base", [0])[0]
+    entry, _ = load("base", item or [0])[0]  # base_31 involves MathAPI
     if name == "never_returns":  # a backend call that never returns: a method that spins, on the instance
         real_init = BFCLEnv.__init__
 
@@ -565,3 +604,60 @@ def test_verls_worker_path_builds_the_loop_from_the_yaml(tok):
     loop, out = asyncio.run(go())
     assert loop.loop_config.max_steps_per_turn == 3 and loop.loop_config.call_timeout_s == 10.0
     assert out.extra_fields["bfcl_loop"]["end"] == "step_limit" and out.extra_fields["bfcl_loop"]["steps"] == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# With the task: the loop's record scored by the multi-turn verifier (BFCL's checker)
+# --------------------------------------------------------------------------------------------------
+
+
+def score_of(entry, out):
+    from data_prep.multi_turn import multi_turn_row
+    from recipe.mrtpo.tasks.multi_turn.verifier import score
+
+    category = entry["id"].rsplit("_", 1)[0].removeprefix("multi_turn_")
+    (_, gold), = load(category, [int(entry["id"].rsplit("_", 1)[1])])
+    row = multi_turn_row(entry, gold, category)
+    return score(out.extra_fields["bfcl_trajectory"], row["reward_model"]["ground_truth"], row["extra_info"])
+
+
+@pytest.mark.parametrize("entry,gold", ITEMS, ids=[e["id"] for e, _ in ITEMS])
+def test_gold_played_through_the_loop_scores_full_marks(tok, entry, gold):
+    texts = []
+    for turn in gold:  # a turn whose gold makes no call: the model says so in plain text
+        texts += [gold_calls_as_model(entry, turn), "Done."] if turn else ["None of the functions can do this."]
+    out, *_ = run_loop(tok, entry, texts)
+    assert out.extra_fields["bfcl_loop"]["end"] == "completed"
+    result = score_of(entry, out)
+    assert set(result.scores.values()) == {1.0}, result
+
+
+def test_a_turn_answered_without_its_calls_fails_state_and_response(tok):
+    entry, gold = ITEMS[0]
+    texts = ["I will not do that."] + [t for turn in gold[1:] for t in ([gold_calls_as_model(entry, turn), "Done."] if turn else ["No."])]
+    out, *_ = run_loop(tok, entry, texts)
+    result = score_of(entry, out)
+    assert result.scores["state"] == 0.0 and result.scores["response"] == 0.0 and result.scores["format"] == 1.0, result
+
+
+def test_a_builder_that_inserts_tokens_at_an_assistant_merge_is_cut_to_the_response_length(tok):
+    """verl's Qwen builder inserts nothing there; a builder that did would overrun the budget by its boundary
+    tokens: the response is cut as verl's loops cut it, the spans with it, and the cut counted."""
+    from verl.utils.tokenizer.continuous_token import MergeResult
+
+    entry, _ = load("base", [0])[0]
+
+    async def go():
+        loop = make_loop(tok, ScriptedServer(tok, lambda i: "word " * 500), response_length=64)
+        nl = tok.encode("\n", add_special_tokens=False)
+        loop.continuous_token_builder.merge_assistant_tokens = lambda ids, new: MergeResult(
+            token_ids=list(ids) + nl + list(new), appended_token_count=len(new), kind="assistant", inserted_token_ids=nl)
+        raw_prompt, extra_info = row_of(entry)
+        return await loop.run({}, raw_prompt=raw_prompt, extra_info=extra_info)
+
+    out = asyncio.run(go())
+    info = out.extra_fields["bfcl_loop"]
+    assert info["reasons"] == {"response_truncated": 1, "response_length": 1} and info["end"] == "response_length"
+    assert len(out.response_ids) == len(out.response_mask) == 64 and out.response_mask[0] == 0
+    assert [k for k, *_ in out.extra_fields["bfcl_spans"]] == ["boundary", "model"]
+    check_tiling(out)

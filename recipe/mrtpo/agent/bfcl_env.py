@@ -36,9 +36,12 @@ Execution (:meth:`BFCLEnv.execute`)
     the backend sees what BFCL's ``eval`` would pass). Results are BFCL's strings: a ``str`` as is, a
     ``dict`` as JSON (``str`` when it does not serialise), anything else ``str``; an exception is
     ``"Error during execution: {e}"``; BFCL's refused names (``kill``, ``exit``, ...) and names no
-    instance has give BFCL's messages. Each call runs in its own thread under a time limit: past it the
-    call is reported as timed out and the environment is *poisoned* (Python cannot stop a thread; an
-    asynchronous exception is raised in it, which ends pure-Python loops), so the loop ends the trajectory.
+    instance has give BFCL's messages. :meth:`BFCLEnv.call` runs a call in the calling thread;
+    :meth:`BFCLEnv.execute` runs it in a thread of its own under a time limit: past it the call is
+    reported as timed out and the environment is *poisoned* (Python cannot stop a thread; an asynchronous
+    exception is raised in it, which ends pure-Python loops but not one long C operation), so the loop ends
+    the trajectory. The loop's default isolation runs the backends in a child process instead
+    (:mod:`.bfcl_process`), which can be killed and whose memory is capped.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from recipe.mrtpo.tasks.base import as_text, to_plain
-from recipe.mrtpo.tasks.tool_json import CALL_OPEN, MAX_CALLS, extract_calls, outside_think
+# The tasks package is imported where it is used, not here: the backends' child process
+# (:mod:`.bfcl_process`) imports this module and must start fast (the tasks package takes seconds).
 
 __all__ = [
     "AGENT_NAME", "ROW_FIELDS", "REFUSED_CLASSES", "FORBIDDEN_NAMES", "BFCL_SOURCES", "BFCLEntry", "BFCLEntryError",
@@ -150,6 +153,8 @@ def _json(value: Any, what: str) -> Any:
             return json.loads(value)
         except ValueError as e:
             raise BFCLEntryError(f"extra_info.{what}: not JSON ({e})") from None
+    from recipe.mrtpo.tasks.base import to_plain
+
     return to_plain(value)
 
 
@@ -279,6 +284,9 @@ def call_string(name: str, arguments: Mapping) -> str:
 
 def decode_step(text: Any, max_calls: int) -> StepDecode:
     """The step's calls (module docstring, Decoding). Never raises."""
+    from recipe.mrtpo.tasks.base import as_text
+    from recipe.mrtpo.tasks.tool_json import CALL_OPEN, MAX_CALLS, extract_calls, outside_think
+
     text = as_text(text)
     opened = outside_think(text).count(CALL_OPEN)
     if opened == 0:
@@ -341,7 +349,8 @@ class BFCLEnv:
         self.entry = entry
         self.instances: dict[str, Any] = {}
         self.methods: dict[str, Any] = {}
-        self.poisoned = False
+        self.poisoned = False  # a call timed out: the backends cannot be trusted any more
+        self.stop_reason: Optional[str] = None
         for class_name in entry.involved_classes:
             instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)()
             if class_name not in STATELESS_CLASSES:
@@ -352,38 +361,44 @@ class BFCLEnv:
                 if not name.startswith("_"):
                     self.methods[name] = method  # a later class overrides, as BFCL's name mapping does
 
-    def execute(self, name: str, arguments: Mapping, timeout_s: float) -> ExecResult:
-        """Run one decoded call (module docstring, Execution). Never raises."""
-        if self.poisoned:
-            return ExecResult("Error during execution: the environment stopped after a call timed out", "env_poisoned")
+    def call(self, name: str, arguments: Mapping) -> ExecResult:
+        """Run one decoded call in this thread, without a time limit (what the child process of
+        :class:`recipe.mrtpo.agent.bfcl_process.ProcessEnv` runs). Never raises."""
         if name in FORBIDDEN_NAMES:
             return ExecResult(f"Error during execution: Function call {name} is not allowed.", "forbidden_function")
         method = self.methods.get(name)
         if method is None:  # BFCL's eval of an unprefixed unknown name raises NameError
             return ExecResult(f"Error during execution: name '{name}' is not defined", "unknown_function")
-        box: dict[str, Any] = {}
-
-        def target():
-            try:
-                box["text"] = _bfcl_result_text(method(**dict(arguments)))
-            except BaseException as e:  # noqa: BLE001 (any failure of the backend is the model's error message)
-                box["error"] = e
-
-        thread = threading.Thread(target=target, name=f"bfcl-call-{name}", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            _interrupt(thread)
-            self.poisoned = True
-            return ExecResult(f"Error during execution: the call did not finish within {timeout_s:g} s", "call_timeout")
-        if "error" in box:
-            e = box["error"]
+        try:
+            return ExecResult(_bfcl_result_text(method(**dict(arguments))))
+        except BaseException as e:  # noqa: BLE001 (any failure of the backend is the model's error message)
             try:
                 msg = str(e)
             except Exception:  # noqa: BLE001 (an exception whose __str__ fails)
                 msg = type(e).__name__
             return ExecResult(f"Error during execution: {msg}", "call_raised")
-        return ExecResult(box.get("text", ""))
+
+    def execute(self, name: str, arguments: Mapping, timeout_s: float) -> ExecResult:
+        """:meth:`call` in a thread of its own under a time limit (module docstring, Execution). Never raises."""
+        if self.poisoned:
+            return ExecResult("Error during execution: the environment stopped after a call timed out", "env_poisoned")
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: box.setdefault("result", self.call(name, arguments)),
+                                  name=f"bfcl-call-{name}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            _interrupt(thread)
+            self.poisoned, self.stop_reason = True, "call_timeout"
+            return ExecResult(f"Error during execution: the call did not finish within {timeout_s:g} s", "call_timeout")
+        return box.get("result") or ExecResult("Error during execution: the call was interrupted", "call_raised")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The backend instances as they are now (tests compare them with BFCL's state checker)."""
+        return self.instances
+
+    def close(self) -> None:
+        """Nothing to release in-process (the process environment stops its child)."""
 
     def state(self) -> dict[str, dict]:
         """Each stateful instance's public attributes (what BFCL's state checker compares)."""

@@ -18,8 +18,8 @@ Bounds (every one counted in ``extra_fields["bfcl_loop"]["reasons"]`` when it ac
     entry, and so does this loop; reason ``step_limit``); the generations of a trajectory at most verl's
     ``multi_turn.max_assistant_turns`` (when set; else turns x ``max_steps_per_turn`` bounds them;
     ``total_step_limit``); ``max_calls_per_step`` (more is a decode error, ``too_many_calls``);
-    ``call_timeout_s`` per call (``call_timeout``: the backend cannot be trusted afterwards, the trajectory
-    ends); ``trajectory_timeout_s`` on the wall clock (``trajectory_timeout``); each generation's
+    ``call_timeout_s`` per call (``call_timeout``: the backends' child process is killed and the trajectory
+    ends; ``env_lost`` when the child dies, e.g. at its memory cap ``memory_limit_mb``); ``trajectory_timeout_s`` on the wall clock (``trajectory_timeout``); each generation's
     ``max_tokens`` is the response budget left (at most ``max_step_tokens``), a context that would fill the
     budget is not appended (``response_length``) so the response never exceeds ``rollout.response_length``;
     a tool result longer than verl's ``multi_turn.max_tool_response_length`` is cut on verl's
@@ -30,8 +30,9 @@ Masks and spans
     ``response_mask`` is 1 exactly on the model's generated tokens; tool results, injected user turns and
     the template's boundary tokens Continuous Token inserts are 0 (verl's ``align_response_metadata``).
     ``extra_fields["bfcl_spans"]``: ``[kind, start, end, turn, step]`` over response positions, kind
-    ``model`` (mask 1), ``tool`` (results and error feedback) or ``user`` (injected turns, step -1); the
-    spans tile the response.
+    ``model`` (mask 1), ``tool`` (results and error feedback), ``user`` (injected turns, step -1) or
+    ``boundary`` (template tokens a Continuous Token builder inserts before a generation; none with Qwen's);
+    the spans tile the response.
 
 Record
     ``extra_fields["bfcl_trajectory"]``: :class:`recipe.mrtpo.tasks.multi_turn.trajectory.Trajectory` as a dict
@@ -64,6 +65,7 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
 ON_DECODE_ERROR = ("feedback", "end_turn")
+ISOLATIONS = ("process", "thread")
 TRUNCATE_SIDES = ("left", "right", "middle")  # verl's multi_turn.tool_response_truncate_side values
 
 
@@ -77,6 +79,8 @@ class BFCLLoopConfig:
     trajectory_timeout_s: float = 900.0  # wall clock of the trajectory, generation included
     max_step_tokens: Optional[int] = None  # tokens one generation may take; None = the response budget left
     on_decode_error: str = "feedback"  # feedback (error message to the model) | end_turn (BFCL's protocol)
+    isolation: str = "process"  # process (backends in a child process, killable) | thread (in the worker; tests)
+    memory_limit_mb: int = 4096  # address space of the backends' child process (isolation: process)
 
     def __post_init__(self):
         from recipe.mrtpo.tasks.tool_json import MAX_CALLS
@@ -93,6 +97,12 @@ class BFCLLoopConfig:
                 raise ValueError(f"{AGENT_NAME}.{name} must be a number > 0, got {v!r}")
         if self.max_step_tokens is not None and (type(self.max_step_tokens) is not int or self.max_step_tokens < 1):
             raise ValueError(f"{AGENT_NAME}.max_step_tokens must be null or an int >= 1, got {self.max_step_tokens!r}")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"{AGENT_NAME}.isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
+        if type(self.memory_limit_mb) is not int or self.memory_limit_mb < 256:
+            raise ValueError(f"{AGENT_NAME}.memory_limit_mb must be an int >= 256, got {self.memory_limit_mb!r}")
+        if self.isolation == "thread" and self.memory_limit_mb != 4096:  # a thread shares the worker's memory
+            raise ValueError(f"{AGENT_NAME}.memory_limit_mb applies to isolation: process only")
         if self.on_decode_error not in ON_DECODE_ERROR:
             raise ValueError(f"{AGENT_NAME}.on_decode_error must be one of {ON_DECODE_ERROR}, got {self.on_decode_error!r}")
 
@@ -166,11 +176,17 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ verl's entry point
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
-        cfg = self.loop_config
         extra_info = kwargs.get("extra_info") or {}
         entry = parse_entry(extra_info)
         st = _State(messages=[dict(m) for m in kwargs["raw_prompt"]], tools=[dict(t) for t in entry.tools])
-        env = self.make_env(entry)
+        env = await self.loop.run_in_executor(None, self.make_env, entry)
+        try:
+            return await self._run(entry, env, st, sampling_params, priority)
+        finally:
+            env.close()
+
+    async def _run(self, entry, env, st: _State, sampling_params, priority) -> AgentLoopOutput:
+        cfg = self.loop_config
         metrics: dict[str, Any] = {}
         full_det = bool(getattr(self.rollout_config, "full_determinism", False))
         request_id = f"det-{int(priority)}" if full_det else uuid4().hex
@@ -194,7 +210,11 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
                 st.reasons[stop.reason] += 1
 
         response_ids = st.ids[prompt_len:]
-        assert len(response_ids) == len(st.mask) <= self.response_length  # the budget is enforced before merging
+        if len(st.mask) > self.response_length:  # only a builder inserting tokens at an assistant merge gets here
+            st.reasons["response_truncated"] += 1  # cut as verl's loops cut (response_ids[:response_length])
+            n = self.response_length
+            response_ids, st.mask, st.logprobs = response_ids[:n], st.mask[:n], st.logprobs[:n]
+            st.spans = [[k, a, min(b, n), t, i] for k, a, b, t, i in st.spans if a < n]
         record = Trajectory(turns=tuple(Turn(steps=tuple(t)) for t in st.turns))
         extra = {
             "bfcl_trajectory": record.to_dict(),
@@ -215,9 +235,14 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             extra_fields=extra,
         )
 
-    def make_env(self, entry) -> BFCLEnv:
-        """The trajectory's own backends (fresh instances; tests wrap this to inspect them)."""
-        return BFCLEnv(entry)
+    def make_env(self, entry):
+        """The trajectory's own backends: fresh instances, in a child process (``isolation: process``,
+        :class:`.bfcl_process.ProcessEnv`) or in this process (``thread``). Tests wrap this to inspect them."""
+        if self.loop_config.isolation == "thread":
+            return BFCLEnv(entry)
+        from recipe.mrtpo.agent.bfcl_process import ProcessEnv
+
+        return ProcessEnv(entry, memory_limit_bytes=self.loop_config.memory_limit_mb << 20)
 
     # ------------------------------------------------------------------ one user turn
 
@@ -249,8 +274,8 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             msgs = [{"role": "tool", "content": r} for r in results]
             if not await self._append_context(st, msgs, "tool", turn, len(st.turns[turn]) - 1):
                 raise _Stop("response_length")
-            if env.poisoned:
-                raise _Stop("call_timeout", counted=True)
+            if env.poisoned:  # a call timed out or the backends' process ended: they cannot be trusted
+                raise _Stop(env.stop_reason or "call_timeout", counted=True)
             steps_here += 1
             if steps_here > cfg.max_steps_per_turn:  # BFCL: count > MAXIMUM_STEP_LIMIT -> force quit
                 raise _Stop("step_limit")
@@ -274,7 +299,11 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         st.ids, st.mask = merge.token_ids, mask
         if lps is not None:
             st.logprobs = lps
-        st.spans.append(["model", start - merge.removed_prefix_token_count, len(mask), turn, step])
+        start -= merge.removed_prefix_token_count
+        if merge.inserted_token_ids:  # template tokens the builder inserts before the generation (none for Qwen's)
+            st.spans.append(["boundary", start, start + len(merge.inserted_token_ids), turn, step])
+            start += len(merge.inserted_token_ids)
+        st.spans.append(["model", start, len(mask), turn, step])
         # the text without the end-of-turn token(s), special tokens inside kept: a tokenizer may mark <tool_call>
         # special, and verl's tool parsers decode with skip_special_tokens=False too
         end = len(token_ids)
