@@ -65,7 +65,7 @@ def trajectory(tok):
     out, *_ = run_loop(tok, entry, gold_script(entry, gold), response_length=RESPONSE_LENGTH)
     check_tiling(out)
     kinds = {k for k, *_ in out.extra_fields["bfcl_spans"]}
-    assert kinds == {"model", "tool", "user"}, kinds
+    assert {"model", "tool", "user"} <= kinds, kinds
     raw_prompt, extra_info = row_of(entry)
     gt = {"turns": gold}
     contexts = {k: c.to_dict() for k, c in score(gold_record(gold), gt, extra_info).contexts.items()}
