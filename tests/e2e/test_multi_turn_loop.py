@@ -65,6 +65,9 @@ def mt_model(tmp_path_factory, mt_data) -> tuple[Path, int]:
     root = tmp_path_factory.mktemp("tiny-mt-qwen2")
     tok_dir = build_task_tokenizer(root / "tokenizer", texts, TASK_VOCAB)
     model = build_tiny_qwen2(root / "model", tokenizer_dir=tok_dir)
+    conf = json.loads((model / "config.json").read_text())  # BFCL's prompts with their docs run ~8k tokens
+    conf["max_position_embeddings"] = 16384  # what vLLM takes for the context (RoPE: any length)
+    (model / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     cfg_path = model / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = TOOLS_BLOCK + CHATML_TEMPLATE
