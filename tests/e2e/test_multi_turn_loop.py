@@ -149,9 +149,12 @@ def overrides(mt_model, mt_data, loop_yaml, out: Path, estimator: str, *extra: s
         "data.max_response_length": str(RESPONSE_LENGTH),
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(loop_yaml),
         "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "200",
+        # ~8k-token sequences: 2 per forward (the actor's padded micro-batches hold [n, L, L] attention on CPU)
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "2",
     }
     base = [o for o in tiny_run_overrides(model, mt_data, out, estimator, 2) if o.split("=", 1)[0] not in mine]
-    knobs = ["mrtpo.beta=0.5", "mrtpo.warmup_steps=4"] if estimator == "mrtpo" else []  # else refused: unread
+    knobs = ["mrtpo.beta=0.5", "mrtpo.warmup_steps=4", "mrtpo.replay_micro_batch_size=2"] if estimator == "mrtpo" else []
     return [*base, *(f"{k}={v}" for k, v in mine.items()), *knobs, *extra]
 
 
