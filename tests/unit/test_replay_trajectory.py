@@ -162,3 +162,16 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     assert (adv[:, ~m] == 0).all() and adv[:, m].abs().sum() > 0
     cut, _ = compute_mrtpo_advantage_with_stats(scores, index, masks[:, m], res.relevance[:, :, m], beta=1.0, max_realloc_rms=None)
     assert torch.allclose(adv[:, m], cut, atol=1e-6)
+
+
+def test_the_loop_keeps_the_servers_global_steps():
+    """verl's v1 trainer reads min/max_global_steps of every output (``_compute_metrics``); the loop merges each
+    generation's ``TokenOutput.extra_fields`` as verl's ToolAgentLoop does (found by the multi-turn e2e run)."""
+    from recipe.mrtpo.agent.bfcl_loop import merge_server_extra
+
+    acc: dict = {}
+    for step in (3, 3, 4):
+        merge_server_extra(acc, {"global_steps": step, "min_global_steps": step, "max_global_steps": step})
+    assert acc == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 4}
+    merge_server_extra(acc, {})  # a server that sends none changes nothing
+    assert acc["min_global_steps"] == 3 and acc["max_global_steps"] == 4

@@ -141,6 +141,7 @@ class _State:
     steps: int = 0
     calls: int = 0
     end: str = "completed"
+    server_extra: dict = field(default_factory=dict)  # the server's extra fields, merged as verl's ToolAgentLoop does
 
 
 class _Stop(Exception):
@@ -217,6 +218,8 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             st.spans = [[k, a, min(b, n), t, i] for k, a, b, t, i in st.spans if a < n]
         record = Trajectory(turns=tuple(Turn(steps=tuple(t)) for t in st.turns))
         extra = {
+            # the server's fields first (min/max_global_steps: verl's v1 trainer reads them from every output)
+            **st.server_extra,
             "bfcl_trajectory": record.to_dict(),
             "bfcl_spans": st.spans,
             "bfcl_loop": {"end": st.end, "reasons": dict(st.reasons), "steps": st.steps, "calls": st.calls,
@@ -289,6 +292,7 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=st.ids, sampling_params={**sampling_params, "max_tokens": max_tokens})
         token_ids = list(out.token_ids)[:max_tokens]  # a server that ignores max_tokens cannot overrun the budget
+        merge_server_extra(st.server_extra, dict(getattr(out, "extra_fields", None) or {}))
         log_probs = list(out.log_probs)[: len(token_ids)] if out.log_probs else None
         if metrics.get("num_preempted") is None:
             metrics["num_preempted"] = out.num_preempted if out.num_preempted is not None else -1
@@ -360,6 +364,23 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         if not _TEMPLATE_RENDERS_TOOLS[key]:
             raise ValueError(f"{AGENT_NAME}: the chat template renders nothing for tools=; the model would not see "
                              "BFCL's functions (use a template with a tools section, e.g. Qwen2.5's)")
+
+
+def merge_server_extra(acc: dict, new: dict) -> None:
+    """verl's ``ToolAgentLoop`` merge of each generation's ``TokenOutput.extra_fields`` (restated: it is inline
+    there): the first generation's fields whole (``min_global_steps``, ``global_steps``), later ones update
+    ``max_global_steps`` and add up the speculative-decoding counts. verl's v1 trainer reads min/max_global_steps
+    of every output (``_compute_metrics``); a loop that drops them fails the step."""
+    from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
+
+    if not acc:
+        acc.update(new)
+        return
+    if new.get("max_global_steps", None):
+        acc["max_global_steps"] = new["max_global_steps"]
+    for key in SPEC_DECODE_EXTRA_KEYS:
+        if key in new and key in acc:
+            acc[key] = int(acc[key]) + int(new[key])
 
 
 def _held_out_later(env: BFCLEnv, turn: int) -> set:
