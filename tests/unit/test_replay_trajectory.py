@@ -175,3 +175,18 @@ def test_the_loop_keeps_the_servers_global_steps():
     assert acc == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 4}
     merge_server_extra(acc, {})  # a server that sends none changes nothing
     assert acc["min_global_steps"] == 3 and acc["max_global_steps"] == 4
+
+
+def test_importing_the_loop_keeps_the_yamls_registry_entry():
+    """verl's worker registers the agent_loop_config_path entries (with their knobs) before the first instantiate
+    imports the loop's module; the module's own registration must not replace them (found by the e2e run)."""
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.agent.bfcl_loop import BFCLMultiTurnAgentLoop, register_unless_configured
+
+    registry = {"bfcl_multi_turn": OmegaConf.create({"name": "bfcl_multi_turn", "max_step_tokens": 12})}
+    register_unless_configured(registry, "bfcl_multi_turn", BFCLMultiTurnAgentLoop)
+    assert registry["bfcl_multi_turn"].max_step_tokens == 12
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert _agent_loop_registry["bfcl_multi_turn"]["_target_"].endswith("bfcl_loop.BFCLMultiTurnAgentLoop")  # imported: registered

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.utils.profiler import simple_timer
 
 from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, injected_turn, parse_entry
@@ -152,7 +152,6 @@ class _Stop(Exception):
         self.reason, self.counted = reason, counted  # counted: the event was counted where it happened
 
 
-@register(AGENT_NAME)
 class BFCLMultiTurnAgentLoop(AgentLoopBase):
     """BFCL v4 multi-turn's inference protocol as a verl agent loop (module docstring)."""
 
@@ -366,6 +365,17 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
                              "BFCL's functions (use a template with a tools section, e.g. Qwen2.5's)")
 
 
+def register_unless_configured(registry: dict, name: str, cls) -> None:
+    """Register ``cls`` under ``name`` in verl's agent-loop registry unless an entry is already there.
+
+    verl's worker puts the ``agent_loop_config_path`` entries (with their knobs) in the registry, then imports
+    this module inside the first trajectory's ``hydra.utils.instantiate``; a plain ``@register`` here would then
+    overwrite the YAML's entry with a knob-less one, and every later trajectory would run on the defaults (found
+    by the multi-turn e2e run: ``max_step_tokens`` acted on the first trajectory only)."""
+    if name not in registry:
+        register(name)(cls)
+
+
 def merge_server_extra(acc: dict, new: dict) -> None:
     """verl's ``ToolAgentLoop`` merge of each generation's ``TokenOutput.extra_fields`` (restated: it is inline
     there): the first generation's fields whole (``min_global_steps``, ``global_steps``), later ones update
@@ -386,3 +396,6 @@ def merge_server_extra(acc: dict, new: dict) -> None:
 def _held_out_later(env: BFCLEnv, turn: int) -> set:
     """Names of functions held out until a turn after ``turn`` (miss_func)."""
     return {d["function"]["name"] for t, specs in env.entry.held_out.items() if t > turn for d in specs}
+
+
+register_unless_configured(_agent_loop_registry, AGENT_NAME, BFCLMultiTurnAgentLoop)
