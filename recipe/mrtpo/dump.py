@@ -23,7 +23,11 @@ scores              float [n, K]             r_k of each response; NaN: the rewa
 replayed            bool [n, K]              pair (i, k) was replayed (else its weights are uniform)
 relevance           float [n, K, T] or None  q[i,k,t] (§1.2), unshuffled; None: no replay this step
 advantages          float [n, T]             the final token advantage (§1.6)
-response_mask       int or bool [n, T]       1 on the response's valid tokens
+response_mask       int or bool [n, T]       1 on the response's valid tokens: the model's own (verl's
+                                             response_mask; 0 on tool output and injected user turns of an
+                                             agent loop's multi-turn response)
+response_lengths    int [n]                  the response's tokens, tool and user spans included (positions
+                                             past it are padding); absent in older dumps: the last valid + 1
 response_ids        int [n, T]               the sampled token ids
 response_tokens     list[list[str]], n x T   each id decoded alone
 contexts            list[dict], n            per reward name: its Z_k (``{"text", "placement"}``, §2)
@@ -80,6 +84,7 @@ class RelevanceDump:
     relevance: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None
     response_mask: torch.Tensor
+    response_lengths: Optional[torch.Tensor] = None
     response_ids: Optional[torch.Tensor] = None
     response_tokens: list[list[str]] = field(default_factory=list)
     contexts: list[dict] = field(default_factory=list)
@@ -170,6 +175,11 @@ def check_dump(raw: dict) -> dict[str, Optional[torch.Tensor]]:
         advantages = as_tensor(advantages, "advantages", torch.float32)
         if tuple(advantages.shape) != (n, T):
             raise DumpError(f"advantages must be [n, T] = {(n, T)}, got {tuple(advantages.shape)}")
+    lengths = raw.get("response_lengths")
+    if lengths is not None:
+        lengths = as_tensor(lengths, "response_lengths", torch.long)
+        if tuple(lengths.shape) != (n,) or bool((lengths < 0).any()) or bool((lengths > T).any()):
+            raise DumpError(f"response_lengths must be [n={n}] in [0, T={T}], got {lengths.tolist()[:8]}")
     return {"scores": scores, "mask": mask, "replayed": replayed, "relevance": relevance, "advantages": advantages}
 
 

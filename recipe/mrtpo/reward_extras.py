@@ -7,7 +7,8 @@ and contexts travel as one JSON object under fixed keys of ``reward_extra_info``
     mrtpo_rewards   JSON {reward_name: score}
     mrtpo_contexts  JSON {reward_name: {"text": Z_k, "placement": "prompt" | "appended"}}
     mrtpo_task      the data_source
-    mrtpo_error     "" or "ExceptionType: message" when the verifier raised
+    mrtpo_error     "" or "ExceptionType: message" when the verifier raised; "record: why" when the
+                    agent loop's record a task judges was missing or malformed (every reward 0)
 
 :func:`read_reward_table` parses them once, on the driver, into a :class:`RewardTable` of tensors that
 the advantage step uses directly. No verl import.
@@ -27,6 +28,8 @@ SCORES_KEY = "mrtpo_rewards"
 CONTEXTS_KEY = "mrtpo_contexts"
 TASK_KEY = "mrtpo_task"
 ERROR_KEY = "mrtpo_error"
+#: how ``mrtpo_error`` begins when the row's agent-loop record was missing or malformed
+RECORD_ERROR_PREFIX = "record: "
 
 
 def _parse(obj: Any) -> dict:
@@ -107,6 +110,11 @@ class RewardTable:
     @property
     def n_errors(self) -> int:
         return sum(1 for e in self.errors if e)
+
+    @property
+    def record_errors(self) -> list[bool]:
+        """Per sample: the agent loop's record was missing or malformed (scored 0 on every reward)."""
+        return [e.startswith(RECORD_ERROR_PREFIX) for e in self.errors]
 
 
 def read_reward_table(extras: Sequence[dict], index) -> RewardTable:

@@ -103,6 +103,8 @@ def reward_metrics(table: RewardTable, valid=None) -> dict:
     # a verifier that raised (the row has no scores) apart from a checker that failed on one reward (scored 0)
     metrics["mrtpo/verifier_errors"] = float(sum(1 for r, v in zip(table.raised, keep.tolist()) if r and v))
     metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
+    # of those, rows whose agent-loop record (multi-turn) was missing or malformed: every reward 0
+    metrics["mrtpo/record_errors"] = float(sum(1 for e, v in zip(table.record_errors, keep.tolist()) if e and v))
     return metrics
 
 
@@ -416,10 +418,9 @@ class MRTPOTrainer(PPOTrainerSync):
         index = ab.uid
         n = min(len(index), d.max_samples)
         mask = ab.response_mask[:n]
-        # up to the last measured position: an agent loop's mask has holes (tool output, injected turns), so
-        # the count of 1s would cut it short
-        cols = mask.any(0).nonzero()
-        T = int(cols.max()) + 1 if n and cols.numel() else 0
+        # the whole response (tool and user spans of a multi-turn one included), not the model's token count
+        lengths = ab.response_lengths[:n]
+        T = int(lengths.max()) if n else 0
         responses = ab.data.batch["responses"][:n, :T].cpu()
         replayed = replay.replayed if replay is not None else torch.zeros(len(index), len(table.names), dtype=torch.bool)
         dump = RelevanceDump(
@@ -434,6 +435,7 @@ class MRTPOTrainer(PPOTrainerSync):
             relevance=replay.relevance[:n, :, :T].clone() if replay is not None else None,
             advantages=adv[:n, :T].detach().cpu().clone(),
             response_mask=mask[:, :T].cpu().clone(),
+            response_lengths=lengths.clone(),
             response_ids=responses.clone(),
             response_tokens=[[self.tokenizer.decode([t]) for t in r.tolist()] for r in responses],
             contexts=list(table.contexts[:n]),

@@ -112,7 +112,15 @@ class AdvantageBatch:
 
     @property
     def response_mask(self) -> torch.Tensor:
+        """[B, T] padded: 1 on the model's tokens only (an agent loop's tool output and injected turns are 0)."""
         return self.data.batch["response_mask"]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """[B] tokens of each response, tool and user spans included: the nested mask's lengths (verl's agent loop
+        stores the response unpadded; its mask's last 1 is not the response's end when a trajectory ends on a
+        tool result or an injected turn)."""
+        return self.response_mask_nested.offsets().diff().long().cpu()
 
 
 def read_advantage_batch(config, batch, metrics: dict) -> AdvantageBatch:

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.utils.profiler import simple_timer
 
 from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, injected_turn, parse_entry
@@ -141,6 +141,7 @@ class _State:
     steps: int = 0
     calls: int = 0
     end: str = "completed"
+    server_extra: dict = field(default_factory=dict)  # the server's extra fields, merged as verl's ToolAgentLoop does
 
 
 class _Stop(Exception):
@@ -151,7 +152,6 @@ class _Stop(Exception):
         self.reason, self.counted = reason, counted  # counted: the event was counted where it happened
 
 
-@register(AGENT_NAME)
 class BFCLMultiTurnAgentLoop(AgentLoopBase):
     """BFCL v4 multi-turn's inference protocol as a verl agent loop (module docstring)."""
 
@@ -217,6 +217,8 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             st.spans = [[k, a, min(b, n), t, i] for k, a, b, t, i in st.spans if a < n]
         record = Trajectory(turns=tuple(Turn(steps=tuple(t)) for t in st.turns))
         extra = {
+            # the server's fields first (min/max_global_steps: verl's v1 trainer reads them from every output)
+            **st.server_extra,
             "bfcl_trajectory": record.to_dict(),
             "bfcl_spans": st.spans,
             "bfcl_loop": {"end": st.end, "reasons": dict(st.reasons), "steps": st.steps, "calls": st.calls,
@@ -289,6 +291,7 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=st.ids, sampling_params={**sampling_params, "max_tokens": max_tokens})
         token_ids = list(out.token_ids)[:max_tokens]  # a server that ignores max_tokens cannot overrun the budget
+        merge_server_extra(st.server_extra, dict(getattr(out, "extra_fields", None) or {}))
         log_probs = list(out.log_probs)[: len(token_ids)] if out.log_probs else None
         if metrics.get("num_preempted") is None:
             metrics["num_preempted"] = out.num_preempted if out.num_preempted is not None else -1
@@ -362,6 +365,37 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
                              "BFCL's functions (use a template with a tools section, e.g. Qwen2.5's)")
 
 
+def register_unless_configured(registry: dict, name: str, cls) -> None:
+    """Register ``cls`` under ``name`` in verl's agent-loop registry unless an entry is already there.
+
+    verl's worker puts the ``agent_loop_config_path`` entries (with their knobs) in the registry, then imports
+    this module inside the first trajectory's ``hydra.utils.instantiate``; a plain ``@register`` here would then
+    overwrite the YAML's entry with a knob-less one, and every later trajectory would run on the defaults (found
+    by the multi-turn e2e run: ``max_step_tokens`` acted on the first trajectory only)."""
+    if name not in registry:
+        register(name)(cls)
+
+
+def merge_server_extra(acc: dict, new: dict) -> None:
+    """verl's ``ToolAgentLoop`` merge of each generation's ``TokenOutput.extra_fields`` (restated: it is inline
+    there): the first generation's fields whole (``min_global_steps``, ``global_steps``), later ones update
+    ``max_global_steps`` and add up the speculative-decoding counts. verl's v1 trainer reads min/max_global_steps
+    of every output (``_compute_metrics``); a loop that drops them fails the step."""
+    from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
+
+    if not acc:
+        acc.update(new)
+        return
+    if new.get("max_global_steps", None):
+        acc["max_global_steps"] = new["max_global_steps"]
+    for key in SPEC_DECODE_EXTRA_KEYS:
+        if key in new and key in acc:
+            acc[key] = int(acc[key]) + int(new[key])
+
+
 def _held_out_later(env: BFCLEnv, turn: int) -> set:
     """Names of functions held out until a turn after ``turn`` (miss_func)."""
     return {d["function"]["name"] for t, specs in env.entry.held_out.items() if t > turn for d in specs}
+
+
+register_unless_configured(_agent_loop_registry, AGENT_NAME, BFCLMultiTurnAgentLoop)

@@ -1,8 +1,16 @@
 """Verifiers, one module per task; importing this package registers the built-in tasks."""
 
-from recipe.mrtpo.tasks.base import Context, RewardResult, get_task, register_task, registered_tasks, to_plain
+from recipe.mrtpo.tasks.base import (
+    Context,
+    RewardResult,
+    get_task,
+    record_field_of,
+    register_task,
+    registered_tasks,
+    to_plain,
+)
 
-__all__ = ["Context", "RewardResult", "get_task", "register_task", "registered_tasks", "to_plain"]
+__all__ = ["Context", "RewardResult", "get_task", "record_field_of", "register_task", "registered_tasks", "to_plain"]
 
 # Built-in tasks register themselves on import (see each module's bottom line).
 from recipe.mrtpo.tasks import instruction_following as _if  # noqa: E402,F401

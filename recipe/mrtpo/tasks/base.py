@@ -122,13 +122,19 @@ def as_text(response: Any) -> str:
 ScoreFn = Callable[[str, dict, Optional[dict]], RewardResult]
 
 _TASKS: dict[str, ScoreFn] = {}
+#: data_source -> the agent loop's extra field the verifier reads in place of the response text
+_RECORD_FIELDS: dict[str, str] = {}
 
 
-def register_task(data_source: str, fn: ScoreFn | None = None):
+def register_task(data_source: str, fn: ScoreFn | None = None, *, record_field: Optional[str] = None):
     """Register ``fn`` as the verifier of rows whose ``data_source`` is ``data_source``.
 
     Usable as a call (``register_task("x", fn)``) or a decorator (``@register_task("x")``).
     Re-registering the same name with a different function is an error (two tasks fighting over a name).
+
+    ``record_field``: the verifier judges a record an agent loop left in its output's ``extra_fields`` under
+    this key (a multi-turn trajectory), never the decoded response text: the reward manager hands it that
+    record as ``response`` (tool output and injected user turns inside the response are no model text).
     """
 
     def deco(f: ScoreFn) -> ScoreFn:
@@ -136,9 +142,22 @@ def register_task(data_source: str, fn: ScoreFn | None = None):
         if old is not None and old is not f:
             raise ValueError(f"task {data_source!r} is already registered to {old.__module__}.{old.__name__}")
         _TASKS[data_source] = f
+        if record_field:
+            _RECORD_FIELDS[data_source] = str(record_field)
         return f
 
     return deco(fn) if fn is not None else deco
+
+
+def record_field_of(data_source: str) -> Optional[str]:
+    """The extra field the verifier of ``data_source`` reads instead of the response text, or None (the
+    response text; also for an unknown data_source: :func:`get_task` then says why)."""
+    from recipe.mrtpo import tasks as _builtin  # noqa: F401  (registers the built-in tasks)
+
+    data_source = str(data_source)
+    if data_source in _TASKS:
+        return _RECORD_FIELDS.get(data_source)
+    return _RECORD_FIELDS.get(data_source.split("/", 1)[0])
 
 
 def get_task(data_source: str) -> ScoreFn:

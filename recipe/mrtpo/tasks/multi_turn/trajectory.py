@@ -38,6 +38,7 @@ __all__ = [
     "MAX_STEPS_PER_TURN",
     "MAX_CALLS_PER_STEP",
     "MAX_RECORD_CHARS",
+    "RECORD_FIELD",
     "Step",
     "Turn",
     "Trajectory",
@@ -52,6 +53,9 @@ MAX_TURNS = 64
 MAX_STEPS_PER_TURN = 256
 MAX_CALLS_PER_STEP = 256
 MAX_RECORD_CHARS = 20_000_000  # of a record handed over as a JSON string
+#: the key of the agent loop's ``extra_fields`` that holds the record (``recipe.mrtpo.agent.bfcl_loop``); the
+#: reward manager hands the verifier this field, never the decoded response (``tasks.base.record_field_of``)
+RECORD_FIELD = "bfcl_trajectory"
 
 _STEP_KEYS = {"text", "calls", "error"}
 

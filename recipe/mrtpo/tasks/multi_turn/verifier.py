@@ -55,7 +55,7 @@ from typing import Any, Optional
 from recipe.mrtpo.tasks.base import Context, RewardResult, register_task, to_plain
 from recipe.mrtpo.tasks.multi_turn.calls import call_error
 from recipe.mrtpo.tasks.multi_turn.sandbox import DEFAULT_TIMEOUT_S, CheckerUnavailable, run_checked
-from recipe.mrtpo.tasks.multi_turn.trajectory import Trajectory, TrajectoryError, parse_trajectory
+from recipe.mrtpo.tasks.multi_turn.trajectory import RECORD_FIELD, Trajectory, TrajectoryError, parse_trajectory
 
 __all__ = [
     "DATA_SOURCE",
@@ -193,6 +193,7 @@ def score(record: Any, ground_truth: Any, extra_info: Optional[dict] = None) -> 
         _count("malformed_record")
         msg = _cut(f"malformed trajectory record: {e}", 300)
         info["errors"] = dict.fromkeys(keys, msg)
+        info["record_error"] = msg  # the reward manager counts it apart (mrtpo/record_errors)
         texts.update({k: msg for k in ("state", "response", "format")})
         return result()
     bad_steps = format_errors(traj, tools, added)
@@ -237,4 +238,4 @@ def score(record: Any, ground_truth: Any, extra_info: Optional[dict] = None) -> 
     return result()
 
 
-register_task(DATA_SOURCE, score)
+register_task(DATA_SOURCE, score, record_field=RECORD_FIELD)
