@@ -76,3 +76,27 @@ def test_self_teachers_read_the_teacher_template_and_say_what_they_are_without_p
     assert methods.no_privileged_line(rlsd, {"mrtpo/rows_privileged": 2}, 1) is None
     assert methods.no_privileged_line(rlsd, {}, 1) is None  # not measured (the pass did not run)
     assert methods.no_privileged_line(gdpo, {"mrtpo/rows_privileged": 0}, 1) is None
+
+
+def test_the_distillation_defaults_are_verls_and_sdpo_refuses_a_group_field_it_does_not_read():
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    import pytest
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.methods.checks import VERL_DISTILLATION_LOSS_DEFAULTS
+    from recipe.mrtpo.methods.sdpo import check_sdpo
+
+    yaml = Path(find_spec("verl").origin).parent / "trainer" / "config" / "distillation" / "distillation.yaml"
+    group = OmegaConf.to_container(OmegaConf.load(yaml).distillation_loss)
+    for key, value in VERL_DISTILLATION_LOSS_DEFAULTS.items():
+        assert group[key] == value, key
+    sdpo = methods.get("sdpo")
+    base = {"actor_rollout_ref": {"actor": {"strategy": "fsdp2"}}, "distillation": {"enabled": False, "distillation_loss": group}}
+    check_sdpo(OmegaConf.create(base), sdpo, None)  # verl's defaults: accepted
+    for key, changed in (("loss_mode", "forward_kl_topk"), ("topk", 64), ("loss_max_clamp", 10.0)):
+        cfg = OmegaConf.create(base)
+        cfg.distillation.distillation_loss[key] = changed
+        with pytest.raises(ValueError, match=f"distillation_loss.{key}=.* not read by method sdpo"):
+            check_sdpo(cfg, sdpo, None)

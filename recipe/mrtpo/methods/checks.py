@@ -88,3 +88,25 @@ def check_reference_teacher(config, what: str, instead: str) -> None:
     if strategy not in ("fsdp", "fsdp2"):
         raise ValueError(f"{arr}.ref.strategy={strategy} is not supported with {what}: the teacher "
                          "pass runs on the FSDP engine's Hugging Face module. Use fsdp2 (or fsdp).")
+
+
+#: verl 0.9.1's ``distillation.distillation_loss`` defaults (``verl/trainer/config/distillation/distillation.yaml``,
+#: checked against the installed file by tests/unit/test_methods.py) for the fields a self-teacher may leave unread
+VERL_DISTILLATION_LOSS_DEFAULTS = {
+    "loss_mode": "k3", "topk": 32, "use_task_rewards": True, "distillation_loss_coef": 1.0, "loss_max_clamp": None,
+    "log_prob_min_clamp": None, "use_policy_gradient": False, "policy_loss_mode": "vanilla", "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+}
+
+
+def check_distillation_group_unread(config, method: Method, unread: dict[str, str]) -> None:
+    """verl's ``distillation.distillation_loss`` fields a self-teacher does not read (it builds its loss from its
+    own ``mrtpo.*`` knobs), refused when set away from verl's default: they would do nothing. ``unread``: field ->
+    what to use instead (the recipe's knob, or why nothing applies)."""
+    group = "distillation.distillation_loss"
+    for key, instead in unread.items():
+        default = VERL_DISTILLATION_LOSS_DEFAULTS[key]
+        value = get_key(config, f"{group}.{key}", default)
+        if value != default:
+            raise ValueError(f"{group}.{key}={value} is not read by method {method.name}: {instead}. "
+                             f"Leave it at verl's default ({default}).")

@@ -16,7 +16,7 @@ self-teachers' one (P_all framed by ``mrtpo.teacher_template``), as OPSD's and R
 
 from __future__ import annotations
 
-from recipe.mrtpo.methods.checks import check_module_forward
+from recipe.mrtpo.methods.checks import check_distillation_group_unread, check_module_forward
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
 from recipe.mrtpo.methods.types import PASS_KNOBS, TEACHER_KNOBS, GlueRef, Method, get_key
 
@@ -38,6 +38,10 @@ def check_sdpo(config, method: Method, cfg) -> None:
     if dist is not None and bool(dist.get("enabled", False)):
         raise ValueError("method sdpo (mrtpo.mode=sdpo) is the actor's own teacher: leave distillation.enabled=False "
                          "(True starts verl's teacher servers)")
+    own = "SDPO builds its loss from mrtpo.sdpo_* (docs/opsd.md#sdpo)"
+    check_distillation_group_unread(config, method, {k: own for k in (
+        "loss_mode", "topk", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "log_prob_min_clamp",
+        "use_policy_gradient", "policy_loss_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high")})
     for key, inert in (("algorithm.use_kl_in_reward", True), ("algorithm.norm_adv_by_std_in_grpo", False)):
         if bool(get_key(config, key, not inert)) == inert:
             raise ValueError(f"{key}={inert} has no effect with method sdpo: it trains on no advantage "
