@@ -25,6 +25,9 @@ import pytest
 import torch
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by run_scripts/setup.sh")
+# ~4 min a launch (BFCL's prompts with their function docs are ~8k tokens): outside the default suite's budget,
+# run with `bash run_scripts/test.sh -m slow tests/e2e/test_multi_turn_loop.py`
+pytestmark = pytest.mark.slow
 
 from recipe.mrtpo.cpu.launcher import REPO_ROOT, run_cpu, tiny_run_overrides  # noqa: E402
 
