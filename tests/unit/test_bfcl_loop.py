@@ -666,3 +666,32 @@ def test_a_builder_that_inserts_tokens_at_an_assistant_merge_is_cut_to_the_respo
     assert len(out.response_ids) == len(out.response_mask) == 64 and out.response_mask[0] == 0
     assert [k for k, *_ in out.extra_fields["bfcl_spans"]] == ["boundary", "model"]
     check_tiling(out)
+
+
+def test_a_seeded_request_gets_a_stream_per_generation(tok):
+    """verl hands every step of a trajectory the same sampling parameters; a seeded one (the recipe's rollout
+    seeds) would restart one random stream at every step: each generation gets its own seed, the first the
+    request's own (core.seeding.generation_seed, restated here)."""
+    import hashlib
+
+    entry, gold = load("miss_func", [0])[0]
+    script = gold_script(entry, gold)
+    seen = []
+
+    class Recording(ScriptedServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            seen.append(sampling_params.get("seed"))
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    async def go(params):
+        loop = make_loop(tok, Recording(tok, script))
+        raw_prompt, extra_info = row_of(entry)
+        return await loop.run(params, raw_prompt=raw_prompt, extra_info=extra_info)
+
+    asyncio.run(go({"temperature": 1.0, "seed": 12345}))
+    expect = [12345] + [int.from_bytes(hashlib.sha256(f"mrtpo-generation|12345|{g}".encode()).digest()[:8], "big") >> 1
+                        for g in range(1, len(script))]
+    assert seen == expect and len(set(seen)) == len(script) > 1
+    seen.clear()
+    asyncio.run(go({"temperature": 1.0}))  # unseeded: left to the server
+    assert seen == [None] * len(script)

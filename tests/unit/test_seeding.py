@@ -39,3 +39,16 @@ def test_identical_across_calls_and_processes():
 def test_refuses_what_is_not_a_non_negative_integer(bad):
     with pytest.raises((ValueError, TypeError)):
         request_seed(bad, 1, 0, 0)
+
+
+def test_generation_seeds_keep_the_first_and_differ_after():
+    import hashlib
+
+    from recipe.mrtpo.core.seeding import generation_seed
+
+    assert generation_seed(7, 0) == 7
+    s = [generation_seed(7, g) for g in range(1, 50)]
+    assert len(set(s)) == 49 and 7 not in s and all(0 <= x < 2**63 for x in s)
+    assert s[0] == int.from_bytes(hashlib.sha256(b"mrtpo-generation|7|1").digest()[:8], "big") >> 1
+    with pytest.raises(ValueError):
+        generation_seed(7, -1)

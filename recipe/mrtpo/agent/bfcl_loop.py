@@ -59,6 +59,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.utils.profiler import simple_timer
 
 from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, BFCLEnv, decode_step, injected_turn, parse_entry
+from recipe.mrtpo.core.seeding import generation_seed
 from recipe.mrtpo.tasks.multi_turn.trajectory import Step, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
@@ -287,9 +288,11 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
         if budget <= 0:
             raise _Stop("response_length")
         max_tokens = min(budget, self.loop_config.max_step_tokens or budget)
+        params = {**sampling_params, "max_tokens": max_tokens}
+        if params.get("seed") is not None:  # a seeded request (recipe.mrtpo.rollout_seed): a stream per generation
+            params["seed"] = generation_seed(int(params["seed"]), st.steps)
         with simple_timer("generate_sequences", metrics):
-            out = await self.server_manager.generate(
-                request_id=request_id, prompt_ids=st.ids, sampling_params={**sampling_params, "max_tokens": max_tokens})
+            out = await self.server_manager.generate(request_id=request_id, prompt_ids=st.ids, sampling_params=params)
         token_ids = list(out.token_ids)[:max_tokens]  # a server that ignores max_tokens cannot overrun the budget
         merge_server_extra(st.server_extra, dict(getattr(out, "extra_fields", None) or {}))
         log_probs = list(out.log_probs)[: len(token_ids)] if out.log_probs else None

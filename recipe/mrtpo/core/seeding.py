@@ -32,3 +32,17 @@ def request_seed(seed: int, step: int, position: int, sample: int, validate: boo
             raise ValueError(f"request_seed: {name} must be a non-negative integer, got {v!r}")
     text = f"mrtpo-request|{int(seed)}|{int(step)}|{'val' if validate else 'train'}|{int(position)}|{int(sample)}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> (64 - SEED_BITS)
+
+
+def generation_seed(seed: int, generation: int) -> int:
+    """The seed of a trajectory's ``generation``-th call to the server (0, 1, ...), from its request's seed:
+    ``seed`` itself for the first (a single-turn request samples exactly as :func:`request_seed` says), else
+    int(SHA-256("mrtpo-generation|seed|generation")[:8]) >> 1. An agent loop calls the server once per step with
+    the same sampling parameters; without this every step would restart the same random stream."""
+    for name, v in (("seed", seed), ("generation", generation)):
+        if isinstance(v, bool) or int(v) != v or v < 0:
+            raise ValueError(f"generation_seed: {name} must be a non-negative integer, got {v!r}")
+    if generation == 0:
+        return int(seed)
+    text = f"mrtpo-generation|{int(seed)}|{int(generation)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> (64 - SEED_BITS)
