@@ -10,7 +10,9 @@ How: verl's own extension point, ``actor_rollout_ref.rollout.agent.agent_loop_ma
 verl splits the batch among its agent-loop workers; its worker (:class:`SeededAgentLoopWorker`) puts
 ``seed = recipe.mrtpo.core.seeding.request_seed(rollout.seed, global_steps, position, session_id, validate)`` into
 each request's sampling parameters, which verl's vLLM server keeps (it only ``setdefault``s its own) and vLLM
-turns into a per-request generator. Everything else of the rollout is verl's. What it relies on of verl is
+turns into a per-request generator (an agent loop that calls the server once per step derives one seed per
+generation from it: :func:`recipe.mrtpo.core.seeding.generation_seed`, the BFCL loop). Everything else of the
+rollout is verl's. What it relies on of verl is
 named in :data:`recipe.mrtpo.verl_seam.ROLLOUT_SEED_SOURCES` and guarded by ``tests/integration/test_verl_seam.py``.
 
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=null`` turns it off (verl's own manager; on a GPU,
