@@ -69,7 +69,7 @@ DRY_RUNS = {
     "qwen3b_toolcall_multiturn": None,
     "qwen7b_toolcall_multiturn": "cort",
 }
-MULTI_TURN_OTHER_ALGOS = ("grpo", "gdpo", "shuffle")  # with the three above and rlsd (every script): all seven
+MULTI_TURN_OTHER_ALGOS = ("grpo", "gdpo", "shuffle", "gdpo-distill", "sdpo")  # with the three above and rlsd (every script): all nine
 # scripts whose dry run also sets MODEL_PATH / TRAIN_FILES / VAL_FILES (relative paths, from tmp cwd)
 CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
 EXTRA = ["trainer.test_freq=7", "data.train_batch_size=64"]  # the script sets 10 and 512: the extras must win

@@ -47,9 +47,16 @@ def _schema(funcs):
 
 
 def test_loader_leaves_no_stub_modules_behind():
+    """In a fresh interpreter: other tests (the multi-turn task) import bfcl_eval for real in this process."""
+    import subprocess
+
     assert B.available(), "bfcl-eval is not installed: it is pinned in requirements-lock.txt"
-    B.load_checker()
-    assert not [m for m in sys.modules if m == "bfcl_eval" or m.startswith("bfcl_eval.")]
+    code = ("import sys; from recipe.mrtpo.tools.eval import bfcl_official as B; B.load_checker(); "
+            "print([m for m in sys.modules if m == 'bfcl_eval' or m.startswith('bfcl_eval.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("args", ARGS, ids=[json.dumps(a) for a in ARGS])

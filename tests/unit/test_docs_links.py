@@ -149,7 +149,7 @@ def test_the_readme_shows_the_commands_it_should():
 def test_the_readme_algo_list_is_the_registry():
     from recipe.mrtpo import methods
 
-    lists = re.findall(r"ALGO = ((?:\w+ \| )+\w+)", README.read_text(encoding="utf-8"))
+    lists = re.findall(r"ALGO = ((?:[\w-]+ \| )+[\w-]+)", README.read_text(encoding="utf-8"))
     assert lists, "the README names the run scripts' ALGO values"
     for listed in lists:
         assert set(listed.split(" | ")) == set(methods.names()), listed
