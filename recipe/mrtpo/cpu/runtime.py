@@ -126,12 +126,6 @@ def cpu_overrides() -> list[str]:
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
         # No torch.compile/inductor warm-up: first step ~20 s instead of ~60 s.
         "actor_rollout_ref.rollout.enforce_eager=True",
-        # Every rollout request carries its own seed (recipe/mrtpo/rollout_seed.py), and vLLM rewinds a seeded
-        # request's generator after a partial (chunked) prefill with Generator.set_offset, which a CPU generator
-        # does not have: the engine dies ("CPU Generator does not use offset") as soon as a step's prompts exceed
-        # max_num_batched_tokens (long text-to-SQL or BFCL prompts). Whole prefills only; verl then raises
-        # max_num_batched_tokens to max_model_len (vllm_async_server).
-        "actor_rollout_ref.rollout.enable_chunked_prefill=False",
         # One agent-loop worker and one reward worker instead of 8 each: processes, not speed, are
         # what 2 cores run out of.
         "actor_rollout_ref.rollout.agent.num_workers=1",
