@@ -242,7 +242,7 @@ DISTILLATION_SOURCES = {
 
 def check_distillation_sources() -> list[str]:
     """The :data:`DISTILLATION_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
-    return [n for n, sha in DISTILLATION_SOURCES.items() if source_sha256(named_source(n)) != sha]
+    return changed_sources(DISTILLATION_SOURCES)
 
 
 def named_source(name: str, package: str = "") -> str:
