@@ -139,6 +139,18 @@ def export_run(run_dir: Path, arm: str, seed: int, result: dict, out_dir: Path, 
     return path
 
 
+def committed_record(runs_dir: Path, arm: str, seed: int) -> Optional[dict]:
+    """The run's record under ``runs_dir`` (``<arm>_seed<seed>.json``, written by :func:`export_run`), or ``None``
+    when there is none or it does not parse. A record that finished under the run's key stands for the run: the
+    run folders do not outlive a session, the committed records do."""
+    path = Path(runs_dir) / f"{arm}_seed{seed}.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _warm_start_args(a) -> argparse.Namespace:
     from data_prep import format_speed as builder
     from experiments.format_speed.cli import DEFAULT_SFT
@@ -173,13 +185,15 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
     failed = []
     for arm, seed in runs:
         method, warmup, extra = ARMS[arm]
+        prior = committed_record(docs / "runs", arm, seed)
         attempts, res = 0, {"ok": False}
         while attempts < a.retries and not res["ok"]:
             attempts += 1
             res = run_method(method, seed, model, data, root / "runs", a.steps, LR, BETA, warmup, timeout,
                              "tiny-qwen2-h128-l2", log=log, lock=not a.no_lock, condition=CONDITION, arm=arm,
-                             extra=extra, key_parts=parts)
-        export_run(root / "runs" / f"{arm}_seed{seed}", arm, seed, res, docs / "runs", attempts=attempts)
+                             extra=extra, key_parts=parts, prior=prior)
+        if res is not prior:  # a committed record kept as it is: its run folder is gone, nothing to export
+            export_run(root / "runs" / f"{arm}_seed{seed}", arm, seed, res, docs / "runs", attempts=attempts)
         if not res["ok"]:
             failed.append(f"{arm}_seed{seed}")
     log(f"{LOG_PREFIX} grid done: {len(runs) - len(failed)} of {len(runs)} runs finished; records in {docs / 'runs'}"

@@ -67,12 +67,13 @@ def run_overrides(method: str, model: Path, data: Path, run_dir: Path, seed: int
 def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, steps: int, lr: float, beta: float,
                warmup: int, timeout_s: float, model_name: str, log: Callable[[str], None] = print,
                lock: bool = True, condition: Optional[Condition] = None, arm: Optional[str] = None,
-               extra: Sequence[str] = (), key_parts: Optional[dict] = None) -> dict:
+               extra: Sequence[str] = (), key_parts: Optional[dict] = None, prior: Optional[dict] = None) -> dict:
     """Run one (method, seed) unless ``result.json`` says the same run already finished; returns it
     (:func:`experiments.mini_credit.runs.run_verl`, under :func:`heavy_lock` when ``lock``). The grid
     (:mod:`.grid`) names the run's folder by its ``arm`` (a method, or an ablation of one), appends the arm's
     ``extra`` overrides and verl's rollout files (``OUT/.../<arm>_seed<s>/rollouts/<step>.jsonl``, what the
-    pairing check reads), and keys the run also by ``key_parts`` (the code's and the data's hashes)."""
+    pairing check reads), and keys the run also by ``key_parts`` (the code's and the data's hashes); ``prior`` (the
+    run's committed record) is kept when its key is the run's."""
     cond = condition or Condition()
     run_dir = Path(runs_dir) / f"{arm or method}_seed{seed}"
     overrides = run_overrides(method, model, data, run_dir, seed, steps, lr, beta, warmup, cond)
@@ -84,7 +85,7 @@ def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, 
     if not cond.control:
         info["prompts_per_step"] = cond.prompts_per_step
     return run_verl(method, seed, overrides, model, run_dir, steps, timeout_s, info, log=log, prefix=LOG_PREFIX,
-                    lock=(lambda: heavy_lock(log=log)) if lock else None, key_parts=key_parts)
+                    lock=(lambda: heavy_lock(log=log)) if lock else None, key_parts=key_parts, prior=prior)
 
 
 def prepare_seed(sdir: Path, seed: int, args, log: Callable[[str], None] = print,

@@ -64,17 +64,22 @@ def run_method(method: str, seed: int, model: Path, data: Path, runs_dir: Path, 
 def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir: Path, steps: int, timeout_s: float,
              run_info: dict, log: Callable[[str], None] = print, prefix: str = "[mini]",
              lock: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
-             key_parts: Optional[dict] = None) -> dict:
+             key_parts: Optional[dict] = None, prior: Optional[dict] = None) -> dict:
     """One verl run of ``python -m recipe.mrtpo.main_mrtpo overrides`` in ``run_dir`` (``run.json`` =
     ``run_info``), unless ``result.json`` says that the same overrides on the same weights finished (the
     result is kept: an interrupted experiment resumes). ``key_parts`` (e.g. the hash of the code that computes
     the run's numbers, of the data): also part of the key, stored in ``result.json``, and named in the log
     line when a finished run is re-run because one of them changed. ``lock``: a context held around the run only
-    (e.g. the machine-wide flock of the format-speed experiment). Returns the result record."""
+    (e.g. the machine-wide flock of the format-speed experiment). ``prior``: a record of the run kept elsewhere
+    (the grid's committed record, which outlives the run folder): returned as it is when it finished under the
+    same key. Returns the result record."""
     from recipe.mrtpo.cpu.launcher import run_cpu
 
     parts = [overrides, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    if prior and prior.get("ok") and prior.get("key") == key:
+        log(f"{prefix} {method} seed {seed}: finished in an earlier session, its record kept (key {key})")
+        return prior
     result_path = run_dir / "result.json"
     if result_path.is_file():
         try:

@@ -1,4 +1,5 @@
-"""The MRTPO trainer: verl 0.9.1's v1 sync trainer with one step changed, the advantage.
+"""The MRTPO trainer: verl 0.9.1's v1 sync trainer with one step changed, the advantage, and its batch's rows
+in a fixed order.
 
 ``@register_trainer("mrtpo")`` (selected with ``trainer.v1.trainer_mode=mrtpo``, which the recipe's config
 sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are verl's own loop. Changed:
@@ -12,6 +13,10 @@ sets). Rollout, reward, old_log_prob, ref, update, checkpoints and logging are v
    advantage, write it, run its after-step hook (OPSD's teacher pass), dump. What it must re-state of verl's
    step is :mod:`recipe.mrtpo.verl_seam`. A method without its own advantage (GRPO) runs verl's step unchanged.
    (verl's own ``gdpo`` cannot run on the v1 path: its step fetches no reward extras.)
+
+3. the sampled batch is put back in the order its prompts were submitted before verl balances it
+   (``_submit_batch_to_rollout`` numbers the prompts, ``_balance_batch`` sorts): verl hands the rows over in the
+   order their requests finished, so two runs of one seed would update on sums in different orders.
 
 The step is s = global_steps - 1 (completed steps); verl restores ``global_steps`` from the checkpoint on
 resume, so the schedules (beta_s, RLSD's lambda) continue where they stopped (§1.4). A method whose pass runs
@@ -39,6 +44,7 @@ from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.advantage import top_token_share
 from recipe.mrtpo.core.render_cache import CachedRender
+from recipe.mrtpo.core.seeding import submission_order
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
@@ -138,6 +144,41 @@ class MRTPOTrainer(PPOTrainerSync):
             cls = self.role_worker_mapping.get(role)
             if cls is not None and getattr(cls, "__ray_actor_class__", None) is ActorRolloutRefWorker:
                 self.role_worker_mapping[role] = ray.remote(MRTPOActorRolloutRefWorker)
+
+    # ------------------------------------------------------------------ the batch in submission order
+    #: prompts submitted whose rows may still come back (uid -> place in submission); the oldest are forgotten
+    #: past this many (a prompt verl evicted never comes back)
+    MAX_PENDING_UIDS = 100_000
+
+    def _pending_ranks(self) -> dict:
+        if getattr(self, "_uid_rank", None) is None:
+            self._uid_rank = {}
+        return self._uid_rank
+
+    def _submit_batch_to_rollout(self, batch) -> int:
+        ranks = self._pending_ranks()
+        start = getattr(self, "_uids_submitted", 0)
+        for k, uid in enumerate(batch["uid"]):
+            ranks[str(uid)] = start + k
+        self._uids_submitted = start + len(batch["uid"])
+        for uid in list(ranks)[: max(0, len(ranks) - self.MAX_PENDING_UIDS)]:
+            del ranks[uid]
+        return super()._submit_batch_to_rollout(batch)
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl's balancing, on the rows put back in submission order first (``core.seeding.submission_order``):
+        verl samples them in the order they finished, and the sums over the batch then differ between two runs
+        of one seed (``mrtpo/rows_moved_to_submission_order``: how many rows it moved). Rows it cannot place keep
+        going, after the others (``mrtpo/rows_unordered``)."""
+        ranks = self._pending_ranks()
+        order, unplaced = submission_order(list(batch.keys), ranks)
+        metrics["mrtpo/rows_moved_to_submission_order"] = float(sum(j != k for k, j in enumerate(order)))
+        batch.reorder(order)
+        for key in batch.keys:
+            ranks.pop(str(key).rsplit("_", 2)[0], None)
+        if unplaced:
+            metrics["mrtpo/rows_unordered"] = float(unplaced)
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
 
     @property
     def mrtpo(self) -> MRTPOConfig:

@@ -416,6 +416,19 @@ ROLLOUT_SEED_SOURCES = {
         "bb07a079e6c1db9a63465712014ddff273c77b8c6fcd91cb5ffe084975a50dee",
     "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.generate":
         "4ec002789c37d6d8368a56a3b1c62b17aa024dec96a904aa36c2f54265620bbc",
+    # the batch's row order (MRTPOTrainer._submit_batch_to_rollout / _balance_batch): the prompts' uids (uuid4,
+    # no "_") submitted in the dataloader's order, a row's key f"{uid}_{session_id}_{i}", the sampled batch
+    # balanced right after the sampling and the reward
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._fetch_one_gen_batch":
+        "37a980de651f5fd662de404e9647c8d9a64256d036d75d25bbf7f8707b22ee39",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._submit_batch_to_rollout":
+        "eb931056887595df7817c00342afec393ea78b11d82bec9374f55b7817d9f6fc",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ._agent_loop_postprocess":
+        "5386c291e4db91dd926818b8402b16893f1981eff97ee79a57423dc18f381496",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._step_once":
+        "b82ae0c246dd687f85081b40ad5f28219da8ad859f4a4fb52230fa799ffa122c",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._balance_batch":
+        "358620695a10c66e9b8409e7e7da3c7a72151cb39022c5f0e06b1ea12d10cdc5",
 }
 
 

@@ -154,13 +154,11 @@ def test_grpo_baseline_two_steps_and_weights_reach_vllm(grpo_run, tiny_task_qwen
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
-def test_the_same_seed_twice_samples_the_same_first_batch(grpo_run, tiny_task_qwen2_dir, if_train_parquet, tmp_path):
+def test_the_same_seed_twice_is_the_same_run(grpo_run, tiny_task_qwen2_dir, if_train_parquet, tmp_path):
     """A second launch of the GRPO run with the same seed (recipe.mrtpo.rollout_seed: each request seeded from the
-    run's seed, the step, its place in the batch and its sample in the group) samples the same step-1 responses
-    and scores, logs the same step-1 rewards, and its first update agrees up to float noise; the samples of one
-    group are still distinct. (Step 2 is not compared: the training batch's rows arrive in the order the requests
-    finish, so the update's sums run in another order, and at this test's lr 1.0 Adam's first step moves a weight
-    by +-lr wherever its gradient's sign is at the noise level.)"""
+    run's seed, the step, its place in the batch and its sample in the group; the trainer puts the sampled rows
+    back in submission order before the update) is the same run: the same responses and scores at both steps, the
+    same rewards, and updates that agree up to float noise; the samples of one group are still distinct."""
     first, out1 = grpo_run
     res = run_cpu("recipe.mrtpo.main_mrtpo", grpo_overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path), tmp_path / "run",
                   TIMEOUT_S)
@@ -171,8 +169,14 @@ def test_the_same_seed_twice_samples_the_same_first_batch(grpo_run, tiny_task_qw
     for prompt, response, _ in a1:
         groups.setdefault(prompt, []).append(response)
     assert all(len(set(r)) > 1 for r in groups.values()), "a group's samples are identical (one seed for all?)"
-    s1, f1 = res.steps[1], first.steps[1]
-    for key in ("critic/score/mean", "mrtpo/reward/punctuation:no_comma/mean", "response_length/mean"):
-        assert s1[key] == pytest.approx(f1[key], abs=1e-9), key  # means of the same values
-    for key in ("actor/pg_loss", "actor/grad_norm"):
-        assert s1[key] == pytest.approx(f1[key], rel=1e-4, abs=1e-7), key
+    # step 2 samples from the weights step 1's update made: the same only if the updates were the same
+    assert rollouts(out1, 2) == rollouts(tmp_path, 2), "step 2 sampled differently: the first updates differ"
+    for step in (1, 2):
+        s, f = res.steps[step], first.steps[step]
+        for key in ("critic/score/mean", "mrtpo/reward/punctuation:no_comma/mean", "response_length/mean"):
+            assert s[key] == pytest.approx(f[key], abs=1e-9), (step, key)  # means of the same values
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert s[key] == pytest.approx(f[key], rel=1e-4, abs=1e-7), (step, key)
+        assert "mrtpo/rows_unordered" not in s, "rows the trainer could not put back in submission order"
+    moved = [r.steps[k]["mrtpo/rows_moved_to_submission_order"] for r in (first, res) for k in (1, 2)]
+    print(f"\n[e2e same seed] rows verl handed over out of submission order (run 1 steps 1-2, run 2 steps 1-2): {moved}")

@@ -446,3 +446,27 @@ def test_padding_rows_change_no_reward_metric_and_no_advantage(monkeypatch, tiny
     assert metrics["mrtpo/reward/lower/count"] == 4
     adv, ref = padded(fake.put["advantages"]), padded(ref_fake.put["advantages"])
     assert torch.allclose(adv[:4, : ref.shape[1]], ref, atol=1e-5) and float(adv[4:].abs().max()) == 0
+
+
+def test_the_sampled_batch_is_balanced_in_submission_order(monkeypatch):
+    """MRTPOTrainer numbers the prompts it submits and puts the rows verl samples (in the order their requests
+    finished) back in that order before verl's own balancing runs on them; rows of a prompt it never numbered go
+    last, counted. Run on TransferQueue's own KVBatchMeta."""
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from recipe.mrtpo.trainer import MRTPOTrainer
+
+    seen = []
+    monkeypatch.setattr(PPOTrainer, "_submit_batch_to_rollout", lambda self, batch: len(batch["uid"]))
+    monkeypatch.setattr(PPOTrainer, "_balance_batch", lambda self, batch, metrics, **kw: seen.append(list(batch.keys)) or batch)
+    trainer = MRTPOTrainer.__new__(MRTPOTrainer)
+    uids = ["c3-x", "a1-y", "b2-z"]
+    assert trainer._submit_batch_to_rollout({"uid": uids[:2]}) == 2 and trainer._submit_batch_to_rollout({"uid": uids[2:]}) == 1
+    want = [f"{u}_{s}_0" for u in uids for s in (0, 1)]
+    arrived = [want[k] for k in (5, 2, 0, 3, 1, 4)]
+    metrics = {}
+    trainer._balance_batch(KVBatchMeta(keys=arrived + ["zz-stray_0_0"], tags=[{}] * 7), metrics)
+    assert seen[-1] == want + ["zz-stray_0_0"]
+    assert metrics["mrtpo/rows_moved_to_submission_order"] == 5  # want[3] arrived in its place and metrics["mrtpo/rows_unordered"] == 1
+    assert trainer._uid_rank == {}  # the sampled prompts are forgotten

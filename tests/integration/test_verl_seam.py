@@ -201,6 +201,13 @@ def test_the_rollout_seeds_assumptions_are_upstream_lines():
     assert "self.agent_loop_workers_class = AgentLoopWorkerTQ" in src["AgentLoopManagerTQ.__init__"]
     assert "chunkes = prompts.chunk(len(self.agent_loop_workers))" in src["AgentLoopManagerTQ.generate_sequences"]
     assert 'get("agent_loop_manager_class")' in src["TaskRunnerV1.init_agent_loop_manager"]
+    # the batch's row order: uuid4 uids (no "_"), keys uid_session_index, balancing right after sampling
+    assert 'str(uuid.uuid4())' in src["PPOTrainer._fetch_one_gen_batch"]
+    assert 'keys=list(batch["uid"])' in src["PPOTrainer._submit_batch_to_rollout"]
+    assert 'keys.append(f"{uid}_{session_id}_{i}")' in src["AgentLoopWorkerTQ._agent_loop_postprocess"]
+    step = src["PPOTrainer._step_once"]
+    assert step.index("self.replay_buffer.sample(") < step.index("self._balance_batch(batch") < step.index("_compute_advantage")
+    assert "batch.reorder(" in src["PPOTrainer._balance_batch"]
 
 
 def test_the_rollout_seed_guard_notices_a_changed_line(monkeypatch):

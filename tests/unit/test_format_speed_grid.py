@@ -75,6 +75,34 @@ def test_a_finished_run_is_kept_only_while_its_code_is_unchanged(tmp_path, monke
                                         .encode()).hexdigest()[:16]
 
 
+def test_a_committed_record_stands_for_its_run_across_sessions(tmp_path, monkeypatch):
+    """The run folders die with a session; the committed record (grid.export_run) is kept when it finished under
+    the run's key, and never rewritten from a run folder that is not there."""
+    from experiments.mini_credit.runs import run_verl
+    from recipe.mrtpo.cpu import launcher
+
+    calls, logs = [], []
+    monkeypatch.setattr(launcher, "run_cpu", _fake_run(calls))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"w")
+    args = ("mrtpo", 0, ["a=1"], tmp_path / "model", tmp_path / "run", 1, 10.0, {"method": "mrtpo"})
+    first = run_verl(*args, log=logs.append, key_parts={"code": "c1"})
+    rec = json.loads(grid.export_run(tmp_path / "run", "mrtpo", 0, first, tmp_path / "docs").read_text())
+    assert grid.committed_record(tmp_path / "docs", "mrtpo", 0) == rec
+    import shutil
+
+    shutil.rmtree(tmp_path / "run")  # a new session: the run folder is gone, the record is committed
+    kept = run_verl(*args, log=logs.append, key_parts={"code": "c1"}, prior=rec)
+    assert kept is rec and len(calls) == 1 and "earlier session" in logs[-1]
+    rerun = run_verl(*args, log=logs.append, key_parts={"code": "c2"}, prior=rec)  # the code changed: run again
+    assert rerun is not rec and len(calls) == 2
+    failed = dict(rec, ok=False)
+    assert run_verl(*args, log=logs.append, key_parts={"code": "c1"}, prior=failed) is not failed and len(calls) == 3
+    (tmp_path / "docs" / "mrtpo_seed1.json").write_text("{not json")
+    assert grid.committed_record(tmp_path / "docs", "mrtpo", 1) is None
+    assert grid.committed_record(tmp_path / "docs", "gdpo", 0) is None
+
+
 def test_rollout_digest_ignores_verls_uid_order(tmp_path):
     rows = [{"input": "p", "output": o, "score": s, "uid": u} for o, s, u in (("a", 1.0, "x"), ("b", 0.0, "y"))]
     (tmp_path / "1.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

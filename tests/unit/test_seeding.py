@@ -52,3 +52,22 @@ def test_generation_seeds_keep_the_first_and_differ_after():
     assert s[0] == int.from_bytes(hashlib.sha256(b"mrtpo-generation|7|1").digest()[:8], "big") >> 1
     with pytest.raises(ValueError):
         generation_seed(7, -1)
+
+
+def test_submission_order_puts_rows_back_in_the_order_their_prompts_were_submitted():
+    import random
+
+    from recipe.mrtpo.core.seeding import submission_order
+
+    uids = ["9f1c-aa", "01b2-cc", "5e5e-bb"]  # random uids: their own order says nothing
+    rank = {u: k for k, u in enumerate(uids)}
+    want = [f"{u}_{s}_{i}" for u in uids for s in (0, 1, 2, 10) for i in (0, 1)]  # session 10 after 2, not after 1
+    for seed in range(5):
+        arrived = want[:]
+        random.Random(seed).shuffle(arrived)
+        order, unplaced = submission_order(arrived, rank)
+        assert [arrived[j] for j in order] == want and unplaced == 0
+    # a row whose prompt was not numbered (re-issued after a resume) or whose key does not parse goes last, counted
+    order, unplaced = submission_order(["zz_0_0", want[3], "bad", want[0]], rank)
+    assert order == [3, 1, 2, 0] and unplaced == 2
+    assert submission_order([], rank) == ([], 0)

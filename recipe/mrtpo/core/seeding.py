@@ -46,3 +46,24 @@ def generation_seed(seed: int, generation: int) -> int:
         return int(seed)
     text = f"mrtpo-generation|{int(seed)}|{int(generation)}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> (64 - SEED_BITS)
+
+
+def submission_order(keys: list[str], rank: dict) -> tuple[list[int], int]:
+    """The permutation that puts a sampled batch's rows in the order their prompts were submitted, and how many
+    rows it could not place. -> (order, unplaced); ``order[j]`` is the row that goes to place j.
+
+    verl 0.9.1 hands the trainer a step's rows in the order its requests finished; its sums over the batch (the
+    update's loss, the balancing's ties) then run in an order that differs between two runs of the same seed, so
+    the runs drift apart after the first update. A row's key is verl's ``f"{uid}_{session_id}_{index}"``
+    (``agent_loop_tq.py``; uids hold no ``_``); ``rank[uid]`` is its prompt's place in submission (the trainer's
+    count of prompts submitted). The order is by (rank, session_id, index); a row whose uid has no rank or whose
+    key does not parse (a prompt verl re-issued after a resume) goes after the placed rows, by its key, and is
+    counted in ``unplaced``."""
+    placed, unplaced = [], []
+    for j, key in enumerate(keys):
+        parts = str(key).rsplit("_", 2)
+        try:
+            placed.append(((rank[parts[0]], int(parts[1]), int(parts[2])), j))
+        except (KeyError, IndexError, ValueError):
+            unplaced.append((str(key), j))
+    return [j for _, j in sorted(placed)] + [j for _, j in sorted(unplaced)], len(unplaced)
