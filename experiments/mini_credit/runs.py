@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from data_prep.common import sha256_file
-from experiments.mini_credit.common import METHODS, REPLAY_METHODS, TASK, ExperimentError
+from experiments.mini_credit.common import METHODS, REPLAY_METHODS, REPO, TASK, ExperimentError
 from experiments.mini_credit.warm_start import SFTConfig, sft_warm_start
 from recipe.mrtpo.tools.verl_log import STEP_LINE
 
@@ -75,7 +75,9 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
     same key. Returns the result record."""
     from recipe.mrtpo.cpu.launcher import run_cpu
 
-    parts = [overrides, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
+    # keyed with its code (the grid): the checkout's place left out, so that a run is the same run in any checkout
+    keyed = [o.replace(str(REPO), "<repo>") for o in overrides] if key_parts else overrides
+    parts = [keyed, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     if prior and prior.get("ok") and prior.get("key") == key:
         log(f"{prefix} {method} seed {seed}: finished in an earlier session, its record kept (key {key})")

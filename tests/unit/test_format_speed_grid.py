@@ -96,8 +96,15 @@ def test_a_committed_record_stands_for_its_run_across_sessions(tmp_path, monkeyp
     assert kept is rec and len(calls) == 1 and "earlier session" in logs[-1]
     rerun = run_verl(*args, log=logs.append, key_parts={"code": "c2"}, prior=rec)  # the code changed: run again
     assert rerun is not rec and len(calls) == 2
+    # the checkout's place is not part of a grid run's key (the runs live under the checkout)
+    from experiments.mini_credit import runs as mc
+
+    here = run_verl("mrtpo", 0, [f"m={mc.REPO}/outputs/x"], *args[3:], log=logs.append, key_parts={"code": "c1"})
+    monkeypatch.setattr(mc, "REPO", Path("/elsewhere/checkout"))
+    there = run_verl("mrtpo", 0, ["m=/elsewhere/checkout/outputs/x"], *args[3:], log=logs.append, key_parts={"code": "c1"})
+    assert there["key"] == here["key"] and len(calls) == 3  # and its result.json kept it: not run again
     failed = dict(rec, ok=False)
-    assert run_verl(*args, log=logs.append, key_parts={"code": "c1"}, prior=failed) is not failed and len(calls) == 3
+    assert run_verl(*args, log=logs.append, key_parts={"code": "c1"}, prior=failed) is not failed and len(calls) == 4
     (tmp_path / "docs" / "mrtpo_seed1.json").write_text("{not json")
     assert grid.committed_record(tmp_path / "docs", "mrtpo", 1) is None
     assert grid.committed_record(tmp_path / "docs", "gdpo", 0) is None
