@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launches import LAUNCH_TIMEOUT_S, assert_launch_ok, method_overrides  # tests/e2e/launches.py
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +84,32 @@ def chinook_train_parquet(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "data_prep.build_offline", "--out", str(out), "--only", "chinook"], cwd=REPO_ROOT,
                    check=True, capture_output=True, timeout=300)
     return out / "chinook" / "train.parquet"
+
+
+@pytest.fixture(scope="session")
+def mrtpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
+    """Two MRTPO steps (the replay from step 2), relevance dumps every step, the step-2 checkpoint saved: the
+    launch the replay test reads, the resume test continues from and the same-seed test pairs with ``gdpo_run``
+    (test_mrtpo_loop.py). -> (result, out folder, the overrides the resume repeats)."""
+    from recipe.mrtpo.cpu.launcher import run_cpu
+
+    out = tmp_path_factory.mktemp("mrtpo")
+    common = ["trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={out / 'dumps'}"]
+    res = run_cpu("recipe.mrtpo.main_mrtpo", method_overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 2, *common),
+                  out / "run1", LAUNCH_TIMEOUT_S)
+    assert_launch_ok(res, [1, 2])
+    return res, out, common
+
+
+@pytest.fixture(scope="session")
+def gdpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
+    """Two GDPO steps under the MRTPO launch's seed, data, model and learning rate, the step-2 checkpoint saved:
+    the GDPO baseline and the checkpoint the export test exports (test_export_eval.py), and the launch the
+    same-seed test compares with ``mrtpo_run`` (test_mrtpo_loop.py). -> (result, out folder)."""
+    from recipe.mrtpo.cpu.launcher import run_cpu
+
+    out = tmp_path_factory.mktemp("gdpo")
+    res = run_cpu("recipe.mrtpo.main_mrtpo", method_overrides(tiny_task_qwen2_dir, if_train_parquet, out, "gdpo", 2,
+                                                              "trainer.save_freq=2"), out / "run", LAUNCH_TIMEOUT_S)
+    assert_launch_ok(res, [1, 2])
+    return res, out

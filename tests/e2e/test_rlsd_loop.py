@@ -22,6 +22,7 @@ from recipe.mrtpo.methods import get
 TIMEOUT_S = 600
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_rlsd_two_steps_on_text2sql(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):

@@ -29,6 +29,7 @@ def assert_ok(res, steps):
     assert sorted(res.steps) == steps, f"steps logged {sorted(res.steps)}:\n{res.tail()}"
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 @pytest.mark.timeout(2 * TIMEOUT_S + 120)
 def test_sdpo_two_steps_on_text2sql_and_its_ema_teacher_resumes(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):

@@ -67,6 +67,19 @@ def test_two_workers_run_every_e2e_test_on_one_of_them(tmp_path):
     assert {w for kind, w in rows} == {"gw0", "gw1"}, rows  # the other worker ran tests too
 
 
+def _marked_slow(fn: ast.AST) -> bool:
+    return any(ast.unparse(d).startswith(("pytest.mark.slow", "mark.slow")) for d in fn.decorator_list)
+
+
+def test_the_slow_tier_is_end_to_end_launches_and_ci_runs_it():
+    """The ``slow`` tier (deselected by the default command, pyproject's addopts) holds only end-to-end launches,
+    and CI runs it after the default suite: nothing in it is left to rot."""
+    slow = [f"{p.relative_to(TESTS)}::{fn.name}" for p in sorted(TESTS.rglob("test_*.py")) for fn in _tests(p) if _marked_slow(fn)]
+    assert slow and all(s.startswith("e2e/") for s in slow), slow
+    ci = [line.strip() for line in (TESTS.parent / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert "bash run_scripts/test.sh" in ci and "bash run_scripts/test.sh -m slow" in ci, ci
+
+
 def test_a_report_with_lone_surrogates_reaches_the_controller(tmp_path):
     """A test whose captured log holds a lone surrogate (as the hostile corpora make third-party checkers log)
     passes under two workers instead of ending the session with xdist's UTF-8 error."""
