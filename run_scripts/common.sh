@@ -202,6 +202,12 @@ _mrtpo_task() {
       VAL_DEFAULT="data/bfcl_multi_turn/test.parquet"
       MAX_PROMPT_LENGTH=8192   # the first turn with the function docs of up to 3 backends (tools=)
       MAX_RESPONSE_LENGTH=8192 # the whole trajectory: model steps, tool results and injected turns of up to 7 turns
+      # Measured on BFCL's gold trajectories (benchmarks/bench_multi_turn_lengths.py, table in docs/design.md §7):
+      # prompts at most 7,323 tokens; gold responses at most 1,572 tokens outside long_context, but 42 of
+      # long_context's 200 (of its 50 TradingBot questions: get_stock_info returns 31.7k characters of digits, ~1 token
+      # a character) need 16.5k-36.9k even with the 16k-character cut below, and 40 of them end at this budget
+      # (force_terminated). Left as is: the gold needs more than Qwen2.5's 32,768-token context, and a longer
+      # response needs the per-GPU token budgets of _mrtpo_size raised (verl asserts a sequence fits them).
       TRAIN_BATCH=128          # 408 training rows: 3 steps an epoch (verl's loader drops the last partial batch)
       TASK_DATA_HINT="python -m data_prep.build_offline --out-dir data --only bfcl_multi_turn"
       TASK_ARGS=(
@@ -209,7 +215,11 @@ _mrtpo_task() {
         # rows choose the loop by agent_name; a row without one runs it too (the loop refuses a non-BFCL row)
         actor_rollout_ref.rollout.agent.default_agent_loop=bfcl_multi_turn
         # verl cuts tool results at 256 characters by default, which cuts many of BFCL's (BFCL cuts nothing;
-        # long_context's outputs are long by design): 16k characters, the rest cut in the middle (counted)
+        # long_context's outputs are long by design): 16k characters, the rest cut in the middle (counted).
+        # Measured: it cuts 43 of the 4,625 gold results (all get_stock_info, long_context), still ~16.4k tokens
+        # each; a smaller cut fits the gold in MAX_RESPONSE_LENGTH (at 4,096 characters 4 long_context gold
+        # trajectories still exceed it, at 2,048 none, the longest 5,389 tokens) but cuts results in 99 / 162 of
+        # long_context's 200 questions: a choice about what long_context shows the model, not made here
         actor_rollout_ref.rollout.multi_turn.max_tool_response_length=16384
       )
       ;;
