@@ -34,8 +34,8 @@ no GPU) against a scripted server that writes BFCL's gold answer, over the real 
   and the turns after it are never played) and its record scored again.
 
 The gold trajectory as the model would write it (:func:`gold_script`): per turn whose gold makes calls, one
-step with all of that turn's gold calls (at most the loop's ``max_calls_per_step``, 32, per step: a longer
-turn, two of long_context's, takes more steps), each a Qwen2.5 ``<tool_call>`` JSON block written by the recipe's
+step with all of that turn's gold calls (at most the loop's ``max_calls_per_step``, 64, per step; BFCL's
+longest gold turn has 34), each a Qwen2.5 ``<tool_call>`` JSON block written by the recipe's
 :func:`recipe.mrtpo.tasks.tool_reference.render_tool_calls` (BFCL's positional arguments named by the
 backend method's signature), then a plain-text step that ends the turn (``--answer``, default "Done.");
 a turn whose gold makes no call is one plain-text step (the text ``data_prep.multi_turn.gold_record`` writes
@@ -85,7 +85,7 @@ TOOLS_BLOCK = (
     "<tool_call></tool_call> XML tags.<|im_end|>\\n' }}{%- endif %}"
 )
 APPROXIMATIONS = (
-    "lower bound: gold calls only, one call step per turn (<= 32 calls each), closing text {answer!r}, no reasoning; "
+    "lower bound: gold calls only, one call step per turn (<= max_calls_per_step calls each), closing text {answer!r}, no reasoning; "
     "template: ChatML + Qwen2.5-style tools block (Qwen2.5-Instruct's own preamble adds a few dozen prompt tokens)"
 )
 CALL_TIMEOUT_S = 60.0  # a backend call's limit here (the loop's default is 10 s; timing is not measured)

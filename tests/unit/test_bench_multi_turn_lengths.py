@@ -27,6 +27,10 @@ def rows():
     return bench.rows_of(first=2)
 
 
+#: the loop's max_calls_per_step (bfcl_agent_loop.yaml)
+STEP_CALLS = 64
+
+
 def _ids(x):
     return x["input_ids"] if hasattr(x, "keys") else x
 
@@ -64,10 +68,10 @@ def direct_response_tokens(tok, row: dict, results: list[list[str]], limit: int,
         if t:
             messages += injected_turn(entry, t)
         done = 0
-        while done < len(calls):  # call steps of at most 32 calls (the loop's max_calls_per_step), then the answer
+        while done < len(calls):  # call steps of at most the loop's max_calls_per_step calls, then the answer
             messages.append({"role": "assistant", "content": next(script)})
-            messages += [{"role": "tool", "content": cut(r, limit)} for r in results[t][done:done + 32]]
-            done += 32
+            messages += [{"role": "tool", "content": cut(r, limit)} for r in results[t][done:done + STEP_CALLS]]
+            done += STEP_CALLS
         messages.append({"role": "assistant", "content": next(script)})
     prompt = _ids(tok.apply_chat_template(row["prompt"], tools=tools, add_generation_prompt=True, tokenize=True))
     full = _ids(tok.apply_chat_template(messages, tools=tools, tokenize=True))
@@ -144,7 +148,7 @@ def test_a_trajectory_over_the_response_limit_is_played_again_at_the_limit(tok, 
 
 
 def test_a_turn_of_more_calls_than_a_step_allows_takes_more_steps():
-    assert bench.default_max_calls() == 32
+    assert bench.default_max_calls() == STEP_CALLS
     calls = [f"ls(a={i})" for i in range(70)]
     assert bench.call_steps(calls, 32) == [calls[:32], calls[32:64], calls[64:]]
     assert bench.call_steps([], 32) == []
@@ -164,9 +168,10 @@ def test_percentiles_and_the_summary():
     assert lines[0].startswith("group") and lines[2].split("|")[1].strip() == "3"
 
 
-def test_a_gold_turn_of_34_calls_is_played_in_two_steps(tok):
+def test_a_gold_turn_of_34_calls_is_played_in_one_step(tok):
     row = bench.rows_of(["long_context"], every=38, first=2)[1]
     assert row["extra_info"]["id"] == "multi_turn_long_context_38" and len(row["gold"][0]) == 34
+    assert bench.call_steps(row["gold"][0], bench.default_max_calls()) == [row["gold"][0]]  # one generation writes them
     got = bench.measure(tok, row, 16384)
     assert got.end == "completed" and got.reasons == {} and got.gold_ok is True
     assert got.tool_results == sum(len(c) for c in row["gold"]) == 35

@@ -450,7 +450,7 @@ HOSTILE = {
                     {"tool_output_truncated": 1}, "completed"),
     "injection_by_argument_name": ([call("ls", **{"a=__import__('os').system('true'),b": 1})], {},
                                    {"bad_argument_name": 1}, "completed"),
-    "too_many_calls": (["".join(call("ls") for _ in range(40))], {}, {"too_many_calls": 1}, "completed"),
+    "too_many_calls": (["".join(call("ls") for _ in range(70))], {}, {"too_many_calls": 1}, "completed"),
     "decode_error_ends_turn": (["<tool_call>{broken</tool_call>"], {"on_decode_error": "end_turn"},
                                {"malformed_call": 1}, "completed"),
     "endless_calls": (lambda i: call("ls"), {"max_steps_per_turn": 5}, {"step_limit": 1}, "step_limit"),

@@ -75,7 +75,7 @@ class BFCLLoopConfig:
     """The loop's knobs (documented in ``bfcl_agent_loop.yaml``); refuses values it cannot run."""
 
     max_steps_per_turn: int = 20  # BFCL's MAXIMUM_STEP_LIMIT; past it the trajectory is force-quit
-    max_calls_per_step: int = 32  # calls one generation may make (at most tool_json.MAX_CALLS)
+    max_calls_per_step: int = 64  # calls one generation may make (at most tool_json.MAX_CALLS; BFCL's gold: up to 34)
     call_timeout_s: float = 10.0  # wall clock of one backend call
     trajectory_timeout_s: float = 900.0  # wall clock of the trajectory, generation included
     max_step_tokens: Optional[int] = None  # tokens one generation may take; None = the response budget left
