@@ -43,6 +43,7 @@ def _eval(backend: str, task: str, model: Path, data_file: Path, out: Path) -> d
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes
 @pytest.mark.e2e
 def test_vllm_engine_and_transformers_generate_and_score_the_same_items(bfcl_data, tiny_qwen2_dir, tmp_path):
     vllm = _eval("vllm", "bfcl", tiny_qwen2_dir, bfcl_data, tmp_path / "vllm.json")
