@@ -45,6 +45,7 @@ def two_rank_cpu_overrides() -> list[str]:
     return [TWO_RANKS.get(o, o) for o in base]
 
 
+@pytest.mark.slow  # the CI tier (.ci/run), past the default suite's 20 minutes (uneven FSDP2 replay: tests/unit/test_replay_distributed.py)
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 300)
 def test_mrtpo_two_actor_ranks_uneven_replay(tiny_task_qwen2_dir, if_train_parquet, tmp_path, monkeypatch):
