@@ -16,6 +16,7 @@ field               type / shape             meaning
 step                int                      the training step
 beta                float                    beta_s of that step (docs/design.md §1.4)
 max_realloc_rms     float or None            rho of the RMS constraint (§1.5); None: disabled
+max_token_weight    float or None            c, the cap on one token's weight (§1.5); None (and older dumps): no cap
 shuffle             bool                     the shuffle ablation was on (§1.7)
 reward_names        list[str], K             reward k's name
 uid                 list[str], n             the response's prompt group
@@ -76,6 +77,7 @@ class RelevanceDump:
     step: int
     beta: float
     max_realloc_rms: Optional[float] = 1.0
+    max_token_weight: Optional[float] = None
     shuffle: bool = False
     reward_names: list[str]
     uid: list[str] = field(default_factory=list)

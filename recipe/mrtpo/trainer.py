@@ -468,6 +468,7 @@ class MRTPOTrainer(PPOTrainerSync):
             step=int(self.global_steps),
             beta=float(beta_s),
             max_realloc_rms=self.mrtpo.max_realloc_rms,
+            max_token_weight=self.mrtpo.max_token_weight,
             shuffle=self.mrtpo.shuffle,
             reward_names=list(table.names),
             uid=[str(u) for u in index[:n]],

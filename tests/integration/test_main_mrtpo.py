@@ -20,7 +20,7 @@ def test_recipe_config_composes_with_verl_and_overrides():
     assert cfg.reward.reward_manager.name == "MRTPORewardManager" and cfg.reward.reward_manager.source == "importlib"
     assert cfg.trainer.v1.trainer_mode == "mrtpo" and cfg.trainer.use_v1 and cfg.data.return_raw_chat
     assert isinstance(omega_conf_to_dataclass(cfg.algorithm), AlgoConfig)  # the recipe adds nothing under algorithm.*
-    for knob in ("warmup_steps", "max_realloc_rms", "measure", "mode", "replay", "shuffle", "reward_weighting",
+    for knob in ("warmup_steps", "max_realloc_rms", "max_token_weight", "measure", "mode", "replay", "shuffle", "reward_weighting",
                  "reward_weights", "replay_micro_batch_size", "chunk_size", "max_replay_prompt_length", "dump"):
         assert knob in cfg.mrtpo
 
@@ -60,7 +60,8 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
     for bad, msg in (("mrtpo.beta=1.0", r"\[0, 1\)"), ("mrtpo.beta=-0.1", "beta"), ("mrtpo.measure=kl", "measure"),
                      ("mrtpo.mode=x", "mode"), ("mrtpo.replay_micro_batch_size=0", "micro_batch"),
                      ("+mrtpo.bta=0.3", "unknown"), ("mrtpo.dump.max_samples=0", "max_samples"),
-                     ("mrtpo.rlsd_lambda=1.5", "rlsd_lambda"), ("mrtpo.rlsd_reweight_clip_range=-0.1", "clip_range")):
+                     ("mrtpo.rlsd_lambda=1.5", "rlsd_lambda"), ("mrtpo.rlsd_reweight_clip_range=-0.1", "clip_range"),
+                     ("mrtpo.max_token_weight=0.5", "max_token_weight")):
         with pytest.raises(ValueError, match=msg):
             check_config(compose_cfg(bad))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
@@ -81,6 +82,7 @@ def test_typed_config_is_the_one_place_of_defaults_and_checks():
         (("algorithm.adv_estimator=grpo", "mrtpo.dump.every_n_steps=1"), "mrtpo.dump.every_n_steps=1", "grpo"),
         (("algorithm.adv_estimator=mrtpo", "mrtpo.mode=cort", "mrtpo.measure=js_divergence"), "mrtpo.measure=js_divergence", "cort"),
         (("algorithm.adv_estimator=gdpo", "mrtpo.beta=0.3"), "mrtpo.beta=0.3", "gdpo"),
+        (("algorithm.adv_estimator=gdpo", "mrtpo.max_token_weight=3"), "mrtpo.max_token_weight=3", "gdpo"),
         (("algorithm.adv_estimator=gdpo", "mrtpo.replay=False"), "mrtpo.replay=False", "gdpo"),
         (("algorithm.adv_estimator=mrtpo", "mrtpo.seed=3"), "mrtpo.seed=3", "mrtpo"),
         (("algorithm.adv_estimator=mrtpo", "mrtpo.opsd_topk=8"), "mrtpo.opsd_topk=8", "mrtpo"),

@@ -321,6 +321,18 @@ def test_rho_comes_from_the_dump():
     assert "rho <b>0.25</b>" in viz.render_html(normalise_dump(raw))
 
 
+def test_the_token_weight_cap_comes_from_the_dump():
+    """A run with ``mrtpo.max_token_weight`` dumps its cap; the viewer's weights are the trainer's, capped."""
+    d_free = normalise_dump(_peaked_dump())
+    assert d_free.cap is None and float(row_weights(d_free, 0, 0).max()) > 2.0
+    d = normalise_dump(_peaked_dump(max_token_weight=2.0))
+    w = row_weights(d, 0, 0)[d.mask[0]]
+    assert float(w.max()) == pytest.approx(2.0, abs=1e-5) and float(w.mean()) == pytest.approx(1.0, abs=1e-5)
+    assert "token weight cap 2" in viz.render_html(d)
+    with pytest.raises(DumpError, match="max_token_weight"):
+        normalise_dump(_peaked_dump(max_token_weight=0.5))
+
+
 def test_no_replay_step_renders_every_row_uniform():
     raw = hostile_dump()
     raw["relevance"] = None

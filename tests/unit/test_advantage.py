@@ -8,6 +8,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage, compute_grpo_outcome_advantage
 
 from recipe.mrtpo.core.advantage import (
+    cap_token_weight,
     compute_mrtpo_advantage_with_stats,
     group_has_variance,
     group_normalized_scores,
@@ -133,6 +134,54 @@ def test_rms_constraint_scales_not_clips():
     assert torch.allclose(((d**2).mean()).sqrt(), torch.tensor(1.0), atol=1e-5)
     ratio = d / d_free
     assert torch.allclose(ratio, ratio[0, 0].expand_as(ratio))  # one common scale: shape and signs kept
+
+
+@pytest.mark.parametrize("cap", [1.0, 1.5, 3.0])
+@pytest.mark.parametrize("rho", [None, 1.0, 0.5])
+def test_token_weight_cap_bounds_one_token_and_keeps_the_invariants(cap, rho):
+    """Step 5b: w <= c, mean_t w = 1, w >= 1 - beta, RMS(w - 1) no larger than without the cap, the order kept."""
+    _, _, mask, q = make_batch(seed=3, T=30)
+    q = q[:, 0] ** 6
+    q[:, 0] += 20.0  # nearly one-hot rows (mass on the first token): the case the cap is for
+    beta = 0.5
+    free = relevance_weights(q, mask, beta, max_realloc_rms=rho)
+    w = relevance_weights(q, mask, beta, max_realloc_rms=rho, max_token_weight=cap)
+    m = mask.bool()
+    assert free[m].max() > cap  # the cap acts in this batch
+    assert (w[m] <= cap + 1e-5).all() and (w[m] >= 1 - beta - 1e-6).all() and (w[~m] == 0).all()
+    assert torch.allclose((w * mask).sum(1) / mask.sum(1), torch.ones(w.shape[0]), atol=1e-5)
+    rms = lambda x: ((((x - 1) ** 2) * mask).sum(1) / mask.sum(1)).sqrt()  # noqa: E731
+    assert (rms(w) <= rms(free) + 1e-6).all()
+    for i in range(w.shape[0]):  # never reorders two tokens (ties may appear where the cap clips)
+        a, b = free[i][m[i]], w[i][m[i]]
+        order = torch.argsort(a)
+        assert (b[order].diff() >= -1e-6).all()
+    if cap == 1.0:
+        assert torch.allclose(w[m], torch.ones_like(w[m]), atol=1e-6)
+
+
+def test_token_weight_cap_is_off_by_default_and_inert_above_the_largest_weight():
+    _, _, mask, q = make_batch(seed=4, T=16)
+    free = relevance_weights(q[:, 1], mask, 0.5, 1.0)
+    assert torch.equal(relevance_weights(q[:, 1], mask, 0.5, 1.0, max_token_weight=None), free)
+    assert torch.allclose(relevance_weights(q[:, 1], mask, 0.5, 1.0, max_token_weight=float(free.max()) + 1), free, atol=1e-6)
+    # one-hot q under rho = 1, T = 10: w_max = 1 + 3 = 4; c = 2 moves the token's surplus 3 to 1 and scales the
+    # other nine weights' deficit by 1/3
+    q1, m1 = torch.zeros(1, 10), torch.ones(1, 10)
+    q1[0, 0] = 1.0
+    d = cap_token_weight(relevance_weights(q1, m1, 1.0, 1.0) - 1.0, m1, 2.0)
+    assert torch.allclose(d, torch.tensor([[1.0] + [-1.0 / 9] * 9]), atol=1e-6)
+    with pytest.raises(ValueError, match="max_token_weight"):
+        cap_token_weight(d, m1, 0.9)
+
+
+def test_token_weight_cap_reaches_the_advantage():
+    scores, index, mask, q = make_batch(seed=5, T=24)
+    q = q ** 6
+    free, st_free = compute_mrtpo_advantage_with_stats(scores, index, mask, q, 0.5, max_realloc_rms=1.0, whiten=False)
+    capped, st = compute_mrtpo_advantage_with_stats(scores, index, mask, q, 0.5, max_realloc_rms=1.0, whiten=False,
+                                                   max_token_weight=1.5)
+    assert st_free.weight_max > 1.5 >= st.weight_max - 1e-5 and not torch.allclose(free, capped)
 
 
 def test_qbar_zero_falls_back_to_uniform():
@@ -433,3 +482,25 @@ def test_top_token_share_is_the_largest_squared_advantage_over_the_sum():
     assert s[0] == pytest.approx(0.25)  # uniform advantage: 1 / L
     assert s[1] == pytest.approx(9.0 / 10.0)  # the masked 9 does not count
     assert torch.isnan(s[2])  # no advantage at all
+
+
+def test_the_token_weight_cap_knob_reaches_mrtpos_advantage_through_its_method():
+    """``mrtpo.max_token_weight`` is read by the MRTPO method's advantage (not only by the core function)."""
+    from types import SimpleNamespace
+
+    from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.methods import AdvantageInputs
+    from recipe.mrtpo.methods.mrtpo import MRTPO
+
+    scores, index, mask, q = make_batch(seed=6, T=24)
+    q = q ** 6
+    table = SimpleNamespace(scores=scores, names=["a", "b", "c"])
+    replay = SimpleNamespace(relevance=q)
+
+    def weight_max(**knobs):
+        inp = AdvantageInputs(mrtpo_config(knobs), table, index, mask, torch.ones(len(index), dtype=torch.bool), 3, 0.5,
+                              replay)
+        return MRTPO.advantage(inp)[1].weight_max
+
+    assert weight_max() > 1.5 and weight_max(max_token_weight=1.5) == pytest.approx(1.5, abs=1e-5)
+    assert "max_token_weight" in MRTPO.reads

@@ -59,6 +59,7 @@ class MRTPOConfig(BaseConfig):
     beta: float = 0.5  # reallocation strength after warm-up (§1.3); 0 = GDPO exactly
     warmup_steps: int = 10  # beta_s = beta * smoothstep(s / warmup_steps) (§1.4); 0 = no warm-up
     max_realloc_rms: Optional[float] = 1.0  # rho of the second-moment constraint (§1.5); None disables
+    max_token_weight: Optional[float] = None  # c, a cap on one token's weight (§1.5, a departure); None: no cap
     measure: str = "js_distance"  # js_distance | js_divergence (§1.2)
     mode: str = "mrtpo"  # mrtpo | cort (one joint replay, log-likelihood contrast; §1.7) | opsd | gdpo-distill (docs/opsd.md) | rlsd (§1.8)
     replay: bool = True  # False: no replay, mrtpo == gdpo (timing baselines)
@@ -102,6 +103,8 @@ class MRTPOConfig(BaseConfig):
             raise ValueError(f"mrtpo.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.max_realloc_rms is not None and self.max_realloc_rms < 0:
             raise ValueError(f"mrtpo.max_realloc_rms must be >= 0 or null, got {self.max_realloc_rms}")
+        if self.max_token_weight is not None and not float(self.max_token_weight) >= 1.0:
+            raise ValueError(f"mrtpo.max_token_weight must be >= 1 (1: uniform weights) or null, got {self.max_token_weight}")
         _choice("measure", self.measure, MEASURES)
         _choice("mode", self.mode, MODES)
         _choice("reward_weighting", self.reward_weighting, REWARD_WEIGHTINGS)

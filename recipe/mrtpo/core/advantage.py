@@ -12,6 +12,8 @@ positions with ``response_mask`` marking the valid ones, relevance q[i, k, t] fr
                   (uniform w = 1 if qbar < floor)
     4. beta_s   = beta * smoothstep(min(s / warmup_steps, 1)),  smoothstep(x) = x^2 (3 - 2x)
     5. d = w - 1;  if mean_t d^2 > rho^2:  d *= rho / sqrt(mean_t d^2)   (keeps mean_t w = 1, w > 0)
+   5b. optional, off by default (a departure, docs/design.md §1.5): d_t+ = min(d_t, c - 1) on the positive
+       part, the negative part scaled by sum d+ / sum |d-|, so that w_t <= c and mean_t w = 1 still hold
     6. adv[i,t] = whiten_batch( sum_k lambda_k A[i,k] w[i,k,t] )        (verl's masked_whiten)
 
 beta = 0 or uniform q is verl's GDPO exactly; K = 1 and beta = 0 is GRPO up to the final whitening.
@@ -53,12 +55,35 @@ def smoothstep_beta(step: int, beta: float, warmup_steps: int) -> float:
 # ----------------------------------------------------------------------------------------------
 # Steps 3 and 5: relevance weights
 # ----------------------------------------------------------------------------------------------
+def cap_token_weight(d: torch.Tensor, mask: torch.Tensor, max_token_weight: float) -> torch.Tensor:
+    """Step 5b (a departure from the paper, off by default; docs/design.md §1.5): cap one token's weight at c.
+
+        d+_t = min(max(d_t, 0), c - 1);   d-_t = min(d_t, 0) * (sum_t d+_t / sum_t |min(d_t, 0)|)
+        d'_t = d+_t + d-_t                                            w_t = 1 + d'_t <= c
+
+    Why: the RMS constraint bounds the reallocated part on average only, so a nearly one-hot q can put it all on one
+    token (w_max = 1 + rho sqrt(T - 1)). The cap clips the positive part and shrinks the negative part by the same
+    mass, so sum_t d' = 0 (mean_t w = 1) still holds, each |d'_t| <= |d_t| (w >= 1 - beta and RMS(d') <= rho still
+    hold) and the order of the weights is kept. ``d`` and ``mask`` are [..., T]; c >= 1 (c = 1: uniform weights).
+    """
+    if max_token_weight < 1.0:
+        raise ValueError(f"max_token_weight must be >= 1 or None, got {max_token_weight}")
+    m = mask.to(d.dtype)
+    pos = d.clamp(min=0.0) * m
+    neg = d.clamp(max=0.0) * m
+    pos_c = pos.clamp(max=float(max_token_weight) - 1.0)
+    neg_mass = -neg.sum(-1, keepdim=True)
+    scale = torch.where(neg_mass > 0, pos_c.sum(-1, keepdim=True) / neg_mass.clamp(min=1e-30), torch.zeros_like(neg_mass))
+    return pos_c + neg * scale
+
+
 def relevance_weights(
     q: torch.Tensor,
     mask: torch.Tensor,
     beta: float,
     max_realloc_rms: Optional[float],
     qbar_floor: float = QBAR_FLOOR,
+    max_token_weight: Optional[float] = None,
 ) -> torch.Tensor:
     """Relevance-normalised token weights of one reward, [B, T] (docs/design.md §1.3 and §1.5).
 
@@ -67,7 +92,8 @@ def relevance_weights(
 
     Rows whose qbar is below ``qbar_floor`` (no replay, identical prompts, no valid token) get w = 1.
     Masked positions get w = 0. ``max_realloc_rms=None`` disables the second-moment constraint.
-    Guarantees on valid positions: mean_t w = 1, w >= 1 - beta > 0 for beta < 1, RMS(w - 1) <= rho.
+    ``max_token_weight`` = c applies :func:`cap_token_weight` after it (None, the default: no cap).
+    Guarantees on valid positions: mean_t w = 1, w >= 1 - beta > 0 for beta < 1, RMS(w - 1) <= rho, w <= c.
     """
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1], got {beta}")
@@ -84,6 +110,8 @@ def relevance_weights(
         rho2 = float(max_realloc_rms) ** 2
         scale = torch.where(ms > rho2, (rho2 / ms.clamp(min=1e-30)).sqrt(), torch.ones_like(ms))
         d = d * scale
+    if max_token_weight is not None:
+        d = cap_token_weight(d, m, max_token_weight)
     d = torch.where(ok, d, torch.zeros_like(d))
     return (1.0 + d) * m
 
@@ -262,6 +290,7 @@ def compute_mrtpo_advantage_with_stats(
     reward_weighting: str = "none",
     whiten: bool = True,
     valid: Optional[torch.Tensor] = None,
+    max_token_weight: Optional[float] = None,
 ) -> tuple[torch.Tensor, AdvantageStats]:
     """MRTPO token advantages [B, T] (§1.1, 1.3, 1.5, 1.6; the module docstring) and an :class:`AdvantageStats`.
 
@@ -280,6 +309,7 @@ def compute_mrtpo_advantage_with_stats(
         whiten: batch-whiten the result (verl's masked_whiten); False returns sum_k lambda_k A_k w_k.
         valid: [B] bool (default all): rows left out of the response-level weighting's statistics
             (:func:`response_level_weights`; verl's padding rows).
+        max_token_weight: c, the cap on one token's weight (:func:`cap_token_weight`); None (default) disables it.
 
     Returns:
         [B, T] advantages (batch-whitened over valid tokens unless ``whiten=False``, 0 on padding) and the stats.
@@ -312,7 +342,7 @@ def compute_mrtpo_advantage_with_stats(
     for k in range(K):
         a = (lam[k] * adv_k[:, k]).unsqueeze(-1)  # [B, 1]
         if use_q:
-            w = relevance_weights(q[:, k], mask, beta, max_realloc_rms)
+            w = relevance_weights(q[:, k], mask, beta, max_realloc_rms, max_token_weight=max_token_weight)
             active = (adv_k[:, k] != 0) & (mask.sum(-1) > 0)  # a row without valid tokens has no weights to count
             if active.any():
                 wa = w[active]

@@ -18,6 +18,7 @@ def gdpo_advantage(inp: AdvantageInputs, whiten: bool = True):
         inp.table.scores, inp.index, inp.mask, replay.relevance if replay is not None else None,
         beta=inp.strength if replay is not None else 0.0,
         reward_weights=[cfg.reward_weight(n) for n in inp.table.names], max_realloc_rms=cfg.max_realloc_rms,
+        max_token_weight=cfg.max_token_weight,
         shuffle=cfg.shuffle, generator=gen, reward_weighting=cfg.reward_weighting, valid=inp.valid, whiten=whiten,
     )
 

@@ -11,7 +11,7 @@ from recipe.mrtpo.methods.gdpo import gdpo_advantage
 from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, Method, ReplayPass
 
 #: the knobs every method of the family reads
-MRTPO_KNOBS = ("beta", "warmup_steps", "max_realloc_rms", "replay", *STEP_KNOBS, *PASS_KNOBS)
+MRTPO_KNOBS = ("beta", "warmup_steps", "max_realloc_rms", "max_token_weight", "replay", *STEP_KNOBS, *PASS_KNOBS)
 
 
 def mrtpo_strength(cfg, step: int, config=None) -> float:

@@ -221,6 +221,8 @@ def render_html(d: DumpView, max_samples: Optional[int] = None, only_replayed: b
     m = len(shown)
     step = "?" if d.step is None else str(d.step)
     rho = "none (disabled)" if d.rho is None else f"{d.rho:g}"
+    if d.cap is not None:
+        rho += f" · token weight cap {d.cap:g}"
     notes = list(d.notes)
     if d.shuffle:
         notes.append("shuffle ablation: the trainer permuted q before weighting; shown are the unshuffled q")

@@ -37,6 +37,8 @@ class DumpView:
     shuffle: Optional[bool] = None
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: c, the cap on one token's weight the trainer applied (the dump's ``max_token_weight``); None: no cap
+    cap: Optional[float] = None
     #: [n][T]: ``tool`` / ``user`` where an agent loop put text the model did not generate (the dump's ``spans``), else ""
     kinds: list[list[str]] = field(default_factory=list)
 
@@ -90,6 +92,9 @@ def normalise_dump(raw: dict, source: str = "", rho: Any = "dump", tokens: str =
     rho_v = resolve_rho(raw, rho)
     if rho_v is not None and (not math.isfinite(rho_v) or rho_v < 0):
         raise DumpError(f"rho (max_realloc_rms) must be >= 0, got {rho_v}")
+    cap = raw.get("max_token_weight")
+    if cap is not None and (not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 1):
+        raise DumpError(f"max_token_weight must be a number >= 1 or None, got {cap!r}")
 
     uids = raw.get("uid")
     uids = [str(i) for i in range(n)] if uids is None else list(uids)
@@ -112,7 +117,7 @@ def normalise_dump(raw: dict, source: str = "", rho: Any = "dump", tokens: str =
         replayed=replayed, relevance=relevance, advantages=advantages, mask=mask, tokens=shown,
         raw_tokens=raw_tokens, contexts=contexts, metrics=metrics,
         shuffle=raw.get("shuffle") if isinstance(raw.get("shuffle"), bool) else None, source=source, notes=notes,
-        kinds=kinds,
+        kinds=kinds, cap=None if cap is None else float(cap),
     )
 
 
@@ -139,7 +144,7 @@ def row_weights(d: DumpView, i: int, k: int) -> torch.Tensor:
     (i, k), [T] (1 where uniform)."""
     if d.relevance is None:
         return d.mask[i].to(torch.float32)
-    return relevance_weights(d.relevance[i : i + 1, k], d.mask[i : i + 1], d.beta, d.rho)[0]
+    return relevance_weights(d.relevance[i : i + 1, k], d.mask[i : i + 1], d.beta, d.rho, max_token_weight=d.cap)[0]
 
 
 def select_samples(d: DumpView, max_samples: Optional[int] = None, only_replayed: bool = False) -> list[int]:
