@@ -29,7 +29,7 @@ PRIMARY = ("mrtpo", "gdpo")
 #: the other orderings on T, one Holm family (a minus b)
 FAMILY = (("mrtpo", "grpo"), ("mrtpo", "shuffle"), ("gdpo", "grpo"), ("shuffle", "gdpo"))
 #: exploratory: the ablations against MRTPO (seeds 0-7)
-ABLATIONS = (("mrtpo-warmup10", "mrtpo"), ("mrtpo-rho0.5", "mrtpo"))
+ABLATIONS = (("mrtpo-warmup10", "mrtpo"), ("mrtpo-rho0.5", "mrtpo"), ("mrtpo-cap3", "mrtpo"))
 ENDPOINTS = ("T", "auc", "format_after", "correctness_gain")
 
 

@@ -4,7 +4,8 @@ which code a run ran, and each finished run's record where it can be committed.
     python -m experiments.format_speed.grid [--arms grpo gdpo ...] [--seeds 0 1] [--steps 30] [--dry-run]
 
 Arms (:data:`ARMS`) and seeds (:data:`SEEDS`): GRPO, GDPO and MRTPO on seeds 0-23, MRTPO + shuffled q on 0-15, and
-two ablations of MRTPO on 0-7 (the paper's warm-up of 10 steps; rho = ``mrtpo.max_realloc_rms`` 0.5), under the
+three ablations of MRTPO on 0-7 (the paper's warm-up of 10 steps; rho = ``mrtpo.max_realloc_rms`` 0.5; one token's
+weight capped at 3, ``mrtpo.max_token_weight``), under the
 ToolRL condition of the pilot (``Condition("toolrl", 32)``, 30 steps, lr 3e-4, beta 0.5, warm-up 1). Each run is
 one ``python -m recipe.mrtpo.main_mrtpo`` launch (:func:`.runs.run_method`), seeded by its seed (every rollout
 request its own seed: ``recipe/mrtpo/rollout_seed.py``), writing verl's rollout files.
@@ -43,11 +44,12 @@ ARMS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "shuffle": ("shuffle", 1, ()),
     "mrtpo-warmup10": ("mrtpo", 10, ()),  # the paper's warm-up
     "mrtpo-rho0.5": ("mrtpo", 1, ("mrtpo.max_realloc_rms=0.5",)),
+    "mrtpo-cap3": ("mrtpo", 1, ("mrtpo.max_token_weight=3",)),  # one token's weight capped at 3 (a departure)
 }
 #: the seeds of each arm (docs/format_speed/analysis_plan.md)
 SEEDS: dict[str, tuple[int, ...]] = {"grpo": tuple(range(24)), "gdpo": tuple(range(24)), "mrtpo": tuple(range(24)),
                                      "shuffle": tuple(range(16)), "mrtpo-warmup10": tuple(range(8)),
-                                     "mrtpo-rho0.5": tuple(range(8))}
+                                     "mrtpo-rho0.5": tuple(range(8)), "mrtpo-cap3": tuple(range(8))}
 CONDITION = Condition("toolrl", 32)
 STEPS, LR, BETA = 30, 3e-4, 0.5
 

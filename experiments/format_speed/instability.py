@@ -1,7 +1,7 @@
 """Why MRTPO's correctness is less stable: per run and arm, from the per-step metrics a run logs (the grid's
 records, :mod:`.grid`), how concentrated and how large its updates are, and whether their spikes precede the drops
-of correctness. Measured, not acted on: no cap on a token's weight is added here (that is decided after the
-ablations).
+of correctness. Measured, not acted on: the grid's ablation ``mrtpo-cap3`` (``mrtpo.max_token_weight=3``, off by
+default) is what says whether a cap on one token's weight stabilises it.
 
 Per run (:func:`run_instability`):
 

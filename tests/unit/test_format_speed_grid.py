@@ -15,10 +15,11 @@ from experiments.format_speed import analysis, grid, instability, stats
 # ------------------------------------------------------------------ the grid
 def test_the_grid_has_the_plans_arms_and_seeds_seed_major():
     runs = grid.planned_runs(list(grid.ARMS))
-    assert len(runs) == 24 * 3 + 16 + 8 + 8 == 104
-    assert runs[:6] == [(a, 0) for a in grid.ARMS]  # seed-major: an interrupted grid has whole seeds
+    assert len(runs) == 24 * 3 + 16 + 8 + 8 + 8 == 112
+    assert runs[:7] == [(a, 0) for a in grid.ARMS]  # seed-major: an interrupted grid has whole seeds
     assert {s for a, s in runs if a == "shuffle"} == set(range(16))
     assert grid.ARMS["mrtpo-warmup10"][1] == 10 and "mrtpo.max_realloc_rms=0.5" in grid.ARMS["mrtpo-rho0.5"][2]
+    assert "mrtpo.max_token_weight=3" in grid.ARMS["mrtpo-cap3"][2] and grid.SEEDS["mrtpo-cap3"] == tuple(range(8))
     assert grid.planned_runs(["mrtpo"], seeds=[0]) == [("mrtpo", 0)]
     with pytest.raises(grid.ExperimentError):
         grid.planned_runs(["nope"])
