@@ -3,13 +3,16 @@
 Two kinds of checks, neither of which can start Ray or a training run:
 
 - dry runs (``DRY_RUN=1``): every script composes its config through ``run_scripts/dry_run.py`` (Hydra's
-  compose API, then the launch's own checks); the YAML it prints is parsed, passed through
+  compose API, then the launch's own checks). The smoke, seed, data-set and refusal dry runs run it end to end;
+  the others (:func:`_dry_run`) run the script itself with a stand-in ``bin/python`` that records the command
+  (it must be ``python run_scripts/dry_run.py ...``) and compose it here with the same ``dry_run.main``, since
+  each subprocess would import verl again (~10 s of CPU). The YAML it prints is parsed, passed through
   ``main_mrtpo.check_config`` once more and checked (estimator, reward manager, replay switches,
   model and data paths, nodes/GPUs from the environment, hyper-parameters, seeds and the checkpoint folder,
   the extra override winning). ``SMOKE=1 DRY_RUN=1`` composes for every script too; a config the launch
   refuses (``mrtpo.beta=1.5``, a mistyped key) exits non-zero with one line.
   The ALGO values are spread over the twelve scripts so that each value runs at least once (the ALGO
-  switch lives in common.sh, shared by all scripts); the runs go two at a time (~10 s each). On the
+  switch lives in common.sh, shared by all scripts). On the
   multi-turn task every ALGO value runs (its three scripts, then the other values on one of them): the
   methods compose on the agent loop's settings.
 - launches with a stand-in interpreter (``MRTPO_VENV`` pointing at a fake ``bin/python`` that only
@@ -114,8 +117,49 @@ def _split(name: str) -> tuple[str, str]:
     return size, task
 
 
-def _dry_run(name: str, algo, workdir: Path) -> dict:
-    env = _base_env(DRY_RUN="1", NNODES="3", N_GPUS_PER_NODE="4")
+#: a ``bin/python`` that records its arguments, NUL-separated, to ``$MRTPO_RECORD`` and exits 0
+RECORDER = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$MRTPO_RECORD"\n'
+
+
+def _run_recorded(script: str, workdir: Path, extra=(), env: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """``DRY_RUN=1 bash <script>.sh extra...`` in ``workdir`` under ``env``, its ``bin/python`` the recorder; (the
+    script's process, the record of the command it ran)."""
+    import tempfile
+
+    own = Path(tempfile.mkdtemp(prefix="recorder-", dir=workdir))  # one per call: calls run two at a time
+    (own / "bin").mkdir()
+    (own / "bin" / "python").write_text(RECORDER)
+    (own / "bin" / "python").chmod(0o755)
+    full = _base_env(DRY_RUN="1", **(env or {}), MRTPO_VENV=str(own), MRTPO_RECORD=str(own / "argv"))
+    res = subprocess.run(["bash", str(SCRIPTS / f"{script}.sh"), *extra], cwd=workdir, env=full,
+                         capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
+    return res, own / "argv"
+
+
+def _compose_recorded(script: subprocess.CompletedProcess, record: Path) -> subprocess.CompletedProcess:
+    """Compose the recorded command as ``python run_scripts/dry_run.py ...`` would, in this process: its exit status
+    and stdout, and the script's stderr followed by the composition's."""
+    import contextlib
+    import io
+
+    out, err, rc = io.StringIO(), io.StringIO(), script.returncode
+    if rc == 0:
+        argv = record.read_text().split("\0")[:-1]
+        assert argv[:1] == [str(SCRIPTS / "dry_run.py")], argv[:3]  # the script ran the dry-run entry, nothing else
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = _load_dry_run().main(argv[1:])
+    return subprocess.CompletedProcess(script.args, rc, out.getvalue(), script.stderr + err.getvalue())
+
+
+def _fast_dry_run(script: str, workdir: Path, extra=(), **env: str) -> subprocess.CompletedProcess:
+    """What :func:`_plain_dry_run` returns, the composition in this process (the module docstring)."""
+    return _compose_recorded(*_run_recorded(script, workdir, extra, env))
+
+
+def _record_dry_run(name: str, algo, workdir: Path) -> tuple[dict, subprocess.CompletedProcess, Path]:
+    """The dry run of :data:`DRY_RUNS` (a cluster of 3 x 4 GPUs, :data:`EXTRA`, custom paths where the script is
+    one of :data:`CUSTOM_PATHS`), recorded; (the paths expected, the script's process, the record)."""
+    env = {"NNODES": "3", "N_GPUS_PER_NODE": "4"}
     if algo is not None:
         env["ALGO"] = algo
     expect_model = None
@@ -129,20 +173,25 @@ def _dry_run(name: str, algo, workdir: Path) -> dict:
         expect_model = str(workdir / "my_model")
         expect_train = [str(workdir / "d/train.parquet")]
         expect_val = [str(workdir / "d/val_a.parquet"), str(workdir / "d/val_b.parquet")]
-    res = subprocess.run(["bash", str(SCRIPTS / f"{name}.sh"), *EXTRA], cwd=workdir, env=env,
-                         capture_output=True, text=True, timeout=DRY_TIMEOUT_S)
-    return {"res": res, "model": expect_model, "train": expect_train, "val": expect_val}
+    return {"model": expect_model, "train": expect_train, "val": expect_val}, *_run_recorded(name, workdir, EXTRA, env)
+
+
+def _dry_run(name: str, algo, workdir: Path) -> dict:
+    """``DRY_RUN=1 ALGO=algo bash <name>.sh`` (:func:`_record_dry_run`), composed: ``{"res", "model", "train", "val"}``."""
+    expect, script, record = _record_dry_run(name, algo, workdir)
+    return {"res": _compose_recorded(script, record), **expect}
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory) -> dict:
-    """All the dry runs, two at a time (2 cores); {script name: result}."""
+    """All the dry runs (the scripts two at a time, the compositions one after another); {script name: result}."""
     base = tmp_path_factory.mktemp("dry")
     for name in DRY_RUNS:
         (base / name).mkdir()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {n: pool.submit(_dry_run, n, a, base / n) for n, a in DRY_RUNS.items()}
-        return {n: f.result() for n, f in futures.items()}
+        futures = {n: pool.submit(_record_dry_run, n, a, base / n) for n, a in DRY_RUNS.items()}
+        recorded = {n: f.result() for n, f in futures.items()}
+    return {n: {"res": _compose_recorded(script, record), **expect} for n, (expect, script, record) in recorded.items()}
 
 
 def test_twelve_scripts_exist_and_are_thin():
@@ -318,11 +367,13 @@ SMOKE_SEEDS = {name: i for i, name in enumerate(("qwen1.5b_ifbench", "qwen3b_tex
 
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory) -> dict:
-    """``SMOKE=1 DRY_RUN=1`` of the :data:`SMOKE_SEEDS` scripts, two at a time; {script name: CompletedProcess}."""
+    """``SMOKE=1 DRY_RUN=1`` of the :data:`SMOKE_SEEDS` scripts (two at a time, composed here one after another);
+    {script name: CompletedProcess}."""
     base = tmp_path_factory.mktemp("smoke")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {n: pool.submit(_plain_dry_run, n, base, SMOKE="1", SEED=str(k)) for n, k in SMOKE_SEEDS.items()}
-        return {n: f.result() for n, f in futures.items()}
+        futures = {n: pool.submit(_run_recorded, n, base, (), {"SMOKE": "1", "SEED": str(k)}) for n, k in SMOKE_SEEDS.items()}
+        recorded = {n: f.result() for n, f in futures.items()}
+    return {n: _compose_recorded(*r) for n, r in recorded.items()}
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_SEEDS))
@@ -352,18 +403,15 @@ def test_two_seeds_never_share_a_checkpoint_folder(tmp_path, dry_runs, smoke_run
     """Seeds 1 and 2 of one method under a hand-given EXPERIMENT_NAME, beside the default-named runs (seed 0 of
     the plain dry runs, seeds 0-3 of the smoke runs): every run has its own checkpoint folder, named by its seed."""
     dirs = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {seed: pool.submit(_plain_dry_run, "qwen1.5b_ifbench", tmp_path, SEED=seed, EXPERIMENT_NAME="my_run")
-                   for seed in ("1", "2")}
-        for seed, fut in futures.items():
-            res = fut.result()
-            assert res.returncode == 0, res.stderr[-3000:]
-            cfg = yaml.safe_load(res.stdout)
-            tr = cfg["trainer"]
-            assert tr["experiment_name"] == f"my_run_seed{seed}"
-            assert tr["default_local_dir"] == str(REPO / "checkpoints" / "mrtpo" / f"my_run_seed{seed}")
-            assert _seeds(cfg) == {k: int(seed) for k in SEED_KEYS}
-            dirs.append(tr["default_local_dir"])
+    for seed in ("1", "2"):
+        res = _fast_dry_run("qwen1.5b_ifbench", tmp_path, SEED=seed, EXPERIMENT_NAME="my_run")
+        assert res.returncode == 0, res.stderr[-3000:]
+        cfg = yaml.safe_load(res.stdout)
+        tr = cfg["trainer"]
+        assert tr["experiment_name"] == f"my_run_seed{seed}"
+        assert tr["default_local_dir"] == str(REPO / "checkpoints" / "mrtpo" / f"my_run_seed{seed}")
+        assert _seeds(cfg) == {k: int(seed) for k in SEED_KEYS}
+        dirs.append(tr["default_local_dir"])
     for runs in (dry_runs, smoke_runs):
         for run in runs.values():
             res = run["res"] if isinstance(run, dict) else run
@@ -506,13 +554,13 @@ def test_offline_text2sql_trains_on_chinook_with_a_batch_that_fits(tmp_path, fak
 
     n_train = pq.read_metadata(tmp_path / "data" / "chinook" / "train.parquet").num_rows
     assert pq.read_metadata(tmp_path / "data" / "chinook" / "test.parquet").num_rows > 0
-    res = _plain_dry_run("qwen7b_text2sql", tmp_path, DATA_SET="offline")
+    res = _fast_dry_run("qwen7b_text2sql", tmp_path, DATA_SET="offline")
     assert res.returncode == 0, res.stderr[-4000:]
     cfg = yaml.safe_load(res.stdout)
     assert cfg["data"]["train_files"] == [str(REPO / "data/chinook/train.parquet")]
     assert cfg["data"]["val_files"] == [str(REPO / "data/chinook/test.parquet")]
     assert cfg["data"]["train_batch_size"] == 128 <= n_train < 512  # the launch's own 512 would not fit
-    mine = _plain_dry_run("qwen7b_text2sql", tmp_path, ["data.train_batch_size=64"], DATA_SET="offline")
+    mine = _fast_dry_run("qwen7b_text2sql", tmp_path, ["data.train_batch_size=64"], DATA_SET="offline")
     assert mine.returncode == 0 and yaml.safe_load(mine.stdout)["data"]["train_batch_size"] == 64, mine.stderr[-3000:]
     assert "spider" not in res.stderr.lower()  # nothing asks for Spider files
     # missing offline data: the error names the command that builds it
@@ -533,7 +581,7 @@ def test_seed_and_smoke_reach_each_method_only_through_the_knobs_it_reads(tmp_pa
     """SEED=3 SMOKE=1 composes for every method: the recipe's own mrtpo.* settings (mrtpo.seed, the smoke
     preset's warm-up and dumps) are passed only where the registry says the method reads them (else the
     launch would refuse them as inert), while verl's seeds are set for all."""
-    res = _plain_dry_run("qwen1.5b_ifbench", tmp_path, ALGO=algo, SEED="3", SMOKE="1")
+    res = _fast_dry_run("qwen1.5b_ifbench", tmp_path, ALGO=algo, SEED="3", SMOKE="1")
     assert res.returncode == 0, res.stderr[-3000:]
     cfg = yaml.safe_load(res.stdout)
     assert cfg["data"]["seed"] == 3 and cfg["actor_rollout_ref"]["rollout"]["seed"] == 3
