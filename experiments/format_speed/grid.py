@@ -18,7 +18,8 @@ torch / transformers versions) and of the training data. A change to any of them
 says which part changed. A failed run is retried up to ``--retries`` times. After each finished run its record
 (:func:`export_run`: key, code hash, per-step metrics, the hash of its step-1 and step-2 samples) is written to
 ``--docs``/runs/<arm>_seed<s>.json: the run folders live under ``--out`` and do not survive a session, the records
-are what a later session commits and what ``python -m experiments.format_speed.analysis`` reads.
+are what a later session commits and what ``python -m experiments.format_speed.analysis`` reads. The warm start is
+committed too (``--docs``/warm_start, :func:`pin_warm_start`): every session's runs start from the same weights.
 """
 
 from __future__ import annotations
@@ -153,6 +154,38 @@ def committed_record(runs_dir: Path, arm: str, seed: int) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
+def pin_warm_start(committed: Path, sft_dir: Path, build: Callable[[], object], log: Callable[[str], None] = print) -> str:
+    """Every grid run, in any session, starts from one warm start: the one committed in ``committed``
+    (``docs/format_speed/grid/warm_start``). The SFT that builds it is not bit-reproducible from one machine to
+    the next (two sessions built different weights from the same data and settings), and the run key holds the
+    weights' hash, so a rebuilt warm start would void every committed record. Copied into ``sft_dir`` before
+    ``build()`` (the warm start's preparation, which then finds it cached under its key); a preparation that
+    still ends with other weights (its data, settings or base model changed) is refused. Without a committed warm
+    start the one built is copied there, to be committed with the first records. Returns the weights' SHA-256."""
+    import shutil
+
+    from data_prep.common import sha256_file
+
+    committed, sft_dir = Path(committed), Path(sft_dir)
+    pinned = (committed / "model.safetensors").is_file()
+    if pinned and not (sft_dir / "model.safetensors").is_file():
+        shutil.copytree(committed, sft_dir, dirs_exist_ok=True)
+        log(f"{LOG_PREFIX} warm start: the committed one ({committed})")
+    build()
+    have = sha256_file(sft_dir / "model.safetensors")
+    if pinned:
+        want = sha256_file(committed / "model.safetensors")
+        if have != want:
+            raise ExperimentError(f"the warm start prepared in {sft_dir} (weights {have[:16]}) is not the committed one "
+                                  f"(weights {want[:16]}, {committed}): its data, settings or base model changed, and "
+                                  "its runs would not share the committed records' warm start. Start a new grid "
+                                  "(move the committed records and warm start away) or restore what changed.")
+    else:
+        shutil.copytree(sft_dir, committed, dirs_exist_ok=True)
+        log(f"{LOG_PREFIX} warm start: built here (weights {have[:16]}) and copied to {committed}: commit it")
+    return have
+
+
 def _warm_start_args(a) -> argparse.Namespace:
     from data_prep import format_speed as builder
     from experiments.format_speed.cli import DEFAULT_SFT
@@ -178,8 +211,9 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
             log(f"{arm} seed {seed}: {'finished, key ' + str(done.get('key')) if done.get('ok') else 'to run'}")
         log(f"{len(runs)} runs; code {code_fingerprint()}")
         return 0
-    with heavy_lock(log=log) if not a.no_lock else contextlib.nullcontext():
-        prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION)  # cached: built once, shared by every run
+    with heavy_lock(log=log) if not a.no_lock else contextlib.nullcontext():  # built once, shared by every run
+        pin_warm_start(docs / "warm_start", wdir / "sft_model",
+                       lambda: prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION), log)
     model, data = wdir / "sft_model", wdir / "data" / "train.parquet"
     parts = key_parts(data)
     log(f"{LOG_PREFIX} grid: {len(runs)} runs, code {parts['code']}, data {parts['data']}")

@@ -232,3 +232,29 @@ def test_spikes_drops_and_precedence_on_a_synthetic_run():
     assert r["drops_after_spike"] == 1 and r["grad_norm_max"] == 5.0
     table = instability.render_instability({"mrtpo_seed0": r})
     assert "| mrtpo | 1 | 13.00 (13.00) | 90% (90%) |" in table
+
+
+def test_the_warm_start_is_the_committed_one_in_every_session(tmp_path):
+    """The first session commits the warm start it built; a later one starts from it (its preparation finds it
+    cached) and refuses to run on other weights."""
+    committed, logs = tmp_path / "docs" / "warm_start", []
+
+    def build_into(sft_dir, weights):
+        def build():
+            if not (sft_dir / "model.safetensors").is_file():  # the SFT's own cache: kept when present
+                sft_dir.mkdir(parents=True, exist_ok=True)
+                (sft_dir / "model.safetensors").write_bytes(weights)
+                (sft_dir / ".format-speed-sft-key").write_text("k\n")
+        return build
+
+    first = tmp_path / "session1" / "sft_model"
+    h1 = grid.pin_warm_start(committed, first, build_into(first, b"weights of machine 1"), logs.append)
+    assert (committed / "model.safetensors").read_bytes() == b"weights of machine 1" and "commit it" in logs[-1]
+    assert (committed / ".format-speed-sft-key").is_file()
+    second = tmp_path / "session2" / "sft_model"  # a fresh machine: its SFT would build other weights
+    assert grid.pin_warm_start(committed, second, build_into(second, b"weights of machine 2"), logs.append) == h1
+    assert (second / "model.safetensors").read_bytes() == b"weights of machine 1"
+    third = tmp_path / "session3" / "sft_model"  # a preparation that rebuilds anyway (its key changed) is refused
+    with pytest.raises(grid.ExperimentError, match="not the committed one"):
+        grid.pin_warm_start(committed, third, lambda: (third.mkdir(parents=True, exist_ok=True),
+                                                       (third / "model.safetensors").write_bytes(b"other")), logs.append)
