@@ -186,6 +186,24 @@ def pin_warm_start(committed: Path, sft_dir: Path, build: Callable[[], object], 
     return have
 
 
+def stale_records(runs_dir: Path, parts: dict) -> dict[str, list[str]]:
+    """The committed records (``runs_dir/*.json``) that finished under other key parts than ``parts`` (code or data
+    hash): {"code <hash>" | "data <hash>": [record names]}. Each would be re-run by this grid."""
+    stale: dict[str, list[str]] = {}
+    for path in sorted(Path(runs_dir).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not record.get("ok"):
+            continue
+        for part, want in parts.items():
+            have = (record.get("key_parts") or {}).get(part)
+            if have != want:
+                stale.setdefault(f"{part} {have}", []).append(path.stem)
+    return stale
+
+
 def _warm_start_args(a) -> argparse.Namespace:
     from data_prep import format_speed as builder
     from experiments.format_speed.cli import DEFAULT_SFT
@@ -217,6 +235,13 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
     model, data = wdir / "sft_model", wdir / "data" / "train.parquet"
     parts = key_parts(data)
     log(f"{LOG_PREFIX} grid: {len(runs)} runs, code {parts['code']}, data {parts['data']}")
+    stale = stale_records(docs / "runs", parts)
+    if stale and not a.rerun_changed:  # hours of committed runs are not voided by an edit nobody meant for the grid
+        found = "; ".join(f"{len(v)} under {k} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in stale.items())
+        raise ExperimentError(f"committed records ran other code or data than this checkout's (code {parts['code']}, "
+                              f"data {parts['data']}): {found}. This grid would re-run them. Run the grid from a "
+                              "checkout of their code (git log docs/format_speed/grid/runs), or pass --rerun-changed "
+                              "when the change is meant to void them (the method's code changed).")
     timeout = a.timeout or run_timeout_s(a.steps, CONDITION.prompts_per_step)
     failed = []
     for arm, seed in runs:
@@ -253,6 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--sft-demo-steps", type=int, default=None)
     ap.add_argument("--sft-full-steps", type=int, default=None)
     ap.add_argument("--dry-run", action="store_true", help="list the runs, which are finished, and the code's hash")
+    ap.add_argument("--rerun-changed", action="store_true",
+                    help="re-run the committed records that ran other code or data (refused without it)")
     a = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:

@@ -258,3 +258,36 @@ def test_the_warm_start_is_the_committed_one_in_every_session(tmp_path):
     with pytest.raises(grid.ExperimentError, match="not the committed one"):
         grid.pin_warm_start(committed, third, lambda: (third.mkdir(parents=True, exist_ok=True),
                                                        (third / "model.safetensors").write_bytes(b"other")), logs.append)
+
+
+def test_records_of_other_code_are_named_before_a_grid_would_rerun_them(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name, parts, ok in (("grpo_seed0", {"code": "c1", "data": "d1"}, True), ("gdpo_seed0", {"code": "c0", "data": "d1"}, True),
+                            ("mrtpo_seed0", {"code": "c0", "data": "d1"}, False)):
+        (runs / f"{name}.json").write_text(json.dumps({"ok": ok, "key_parts": parts}))
+    (runs / "broken_seed1.json").write_text("{")
+    assert grid.stale_records(runs, {"code": "c1", "data": "d1"}) == {"code c0": ["gdpo_seed0"]}  # a failed run is re-run anyway
+    assert grid.stale_records(runs, {"code": "c0", "data": "d2"}) == {"code c1": ["grpo_seed0"],
+                                                                      "data d1": ["gdpo_seed0", "grpo_seed0"]}
+    assert grid.stale_records(tmp_path / "none", {"code": "c1"}) == {}
+
+
+def test_the_grid_refuses_to_void_committed_records_unless_told(tmp_path, monkeypatch):
+    from experiments.format_speed import runs as fs_runs
+
+    docs = tmp_path / "docs"
+    (docs / "runs").mkdir(parents=True)
+    (docs / "runs" / "grpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {"code": "old", "data": "d"}}))
+    monkeypatch.setattr(grid, "pin_warm_start", lambda *a, **k: "w")
+    monkeypatch.setattr(grid, "key_parts", lambda data: {"code": "new", "data": "d"})
+    ran = []
+    monkeypatch.setattr(fs_runs, "run_method", lambda method, seed, *a, **k: ran.append((method, seed)) or {"ok": True})
+    ns = SimpleNamespace(out=tmp_path / "out", docs=docs, arms=["grpo"], seeds=[0], dry_run=False, no_lock=True,
+                         steps=2, retries=1, timeout=10.0, n_sft=4, sft_gold_steps=1, sft_demo_steps=1, sft_full_steps=1,
+                         rerun_changed=False)
+    with pytest.raises(grid.ExperimentError, match="--rerun-changed") as e:
+        grid.run_grid(ns, log=lambda m: None)
+    assert "1 under code old (grpo_seed0)" in str(e.value) and ran == []
+    ns.rerun_changed = True
+    assert grid.run_grid(ns, log=lambda m: None) == 0 and ran == [("grpo", 0)]
