@@ -53,6 +53,10 @@ SEEDS: dict[str, tuple[int, ...]] = {"grpo": tuple(range(24)), "gdpo": tuple(ran
                                      "mrtpo-rho0.5": tuple(range(8)), "mrtpo-cap3": tuple(range(8))}
 CONDITION = Condition("toolrl", 32)
 STEPS, LR, BETA = 30, 3e-4, 0.5
+#: the share of the warm start's demonstrations that follow an instruction naming the response block (the data
+#: builder's default, 0.2, is the pilot's: its demonstrations ignore the instruction, and on the warm start this
+#: machine builds from them every run of every arm unlearned the response block: analysis_plan.md, 2026-12-03)
+P_FOLLOW_RESPONSE = 0.4
 
 #: what computes a run's numbers (relative to the repository). Left out: code no grid run executes, so that work
 #: on other methods and tasks does not void finished runs: the tools (reports, viewers, eval), the agent loop and
@@ -96,11 +100,15 @@ def code_fingerprint(repo: Path = REPO) -> dict:
     return {"sha256": h.hexdigest()[:16], "files": n, "packages": versions}
 
 
-def key_parts(data: Path, repo: Path = REPO) -> dict:
-    """What a grid run's key holds besides its overrides and weights: the code's fingerprint and the data's hash."""
+def key_parts(data: Path, weights: Optional[Path] = None, repo: Path = REPO) -> dict:
+    """What a grid run's key holds besides its overrides: the code's fingerprint, the training data's hash and
+    (``weights``) the warm start's, so that :func:`stale_records` names the records of another warm start too."""
     from data_prep.common import sha256_file
 
-    return {"code": code_fingerprint(repo)["sha256"], "data": sha256_file(Path(data))[:16]}
+    parts = {"code": code_fingerprint(repo)["sha256"], "data": sha256_file(Path(data))[:16]}
+    if weights is not None:
+        parts["warm_start"] = sha256_file(Path(weights))[:16]
+    return parts
 
 
 def planned_runs(arms: Sequence[str], seeds: Optional[Sequence[int]] = None) -> list[tuple[str, int]]:
@@ -187,8 +195,8 @@ def pin_warm_start(committed: Path, sft_dir: Path, build: Callable[[], object], 
 
 
 def stale_records(runs_dir: Path, parts: dict) -> dict[str, list[str]]:
-    """The committed records (``runs_dir/*.json``) that finished under other key parts than ``parts`` (code or data
-    hash): {"code <hash>" | "data <hash>": [record names]}. Each would be re-run by this grid."""
+    """The committed records (``runs_dir/*.json``) that finished under other key parts than ``parts`` (code, data or
+    warm-start hash): {"<part> <hash>": [record names]}. Each would be re-run by this grid."""
     stale: dict[str, list[str]] = {}
     for path in sorted(Path(runs_dir).glob("*.json")):
         try:
@@ -209,7 +217,7 @@ def _warm_start_args(a) -> argparse.Namespace:
     from experiments.format_speed.cli import DEFAULT_SFT
 
     return argparse.Namespace(n_sft=a.n_sft, hidden=128, layers=2, p_arg=builder.P_ARG,
-                              p_follow_call=builder.P_FOLLOW_CALL, p_follow_response=builder.P_FOLLOW_RESPONSE,
+                              p_follow_call=builder.P_FOLLOW_CALL, p_follow_response=P_FOLLOW_RESPONSE,
                               sft_gold_steps=DEFAULT_SFT["gold"] if a.sft_gold_steps is None else a.sft_gold_steps,
                               sft_demo_steps=DEFAULT_SFT["demo"] if a.sft_demo_steps is None else a.sft_demo_steps,
                               sft_full_steps=DEFAULT_SFT["full"] if a.sft_full_steps is None else a.sft_full_steps)
@@ -233,13 +241,13 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
         pin_warm_start(docs / "warm_start", wdir / "sft_model",
                        lambda: prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION), log)
     model, data = wdir / "sft_model", wdir / "data" / "train.parquet"
-    parts = key_parts(data)
-    log(f"{LOG_PREFIX} grid: {len(runs)} runs, code {parts['code']}, data {parts['data']}")
+    parts = key_parts(data, model / "model.safetensors")
+    log(f"{LOG_PREFIX} grid: {len(runs)} runs, code {parts['code']}, data {parts['data']}, warm start {parts['warm_start']}")
     stale = stale_records(docs / "runs", parts)
     if stale and not a.rerun_changed:  # hours of committed runs are not voided by an edit nobody meant for the grid
         found = "; ".join(f"{len(v)} under {k} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in stale.items())
-        raise ExperimentError(f"committed records ran other code or data than this checkout's (code {parts['code']}, "
-                              f"data {parts['data']}): {found}. This grid would re-run them. Run the grid from a "
+        raise ExperimentError(f"committed records ran other code, data or warm start than this checkout's (code "
+                              f"{parts['code']}, data {parts['data']}, warm start {parts['warm_start']}): {found}. This grid would re-run them. Run the grid from a "
                               "checkout of their code (git log docs/format_speed/grid/runs), or pass --rerun-changed "
                               "when the change is meant to void them (the method's code changed).")
     timeout = a.timeout or run_timeout_s(a.steps, CONDITION.prompts_per_step)
@@ -279,7 +287,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--sft-full-steps", type=int, default=None)
     ap.add_argument("--dry-run", action="store_true", help="list the runs, which are finished, and the code's hash")
     ap.add_argument("--rerun-changed", action="store_true",
-                    help="re-run the committed records that ran other code or data (refused without it)")
+                    help="re-run the committed records that ran other code, data or warm start (refused without it)")
     a = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:

@@ -273,14 +273,45 @@ def test_records_of_other_code_are_named_before_a_grid_would_rerun_them(tmp_path
     assert grid.stale_records(tmp_path / "none", {"code": "c1"}) == {}
 
 
+def test_the_key_parts_hold_the_warm_start_and_records_of_another_are_named(tmp_path):
+    """A grid on another warm start (same code, same RL data) names the records it would re-run: the key parts hold
+    the weights' hash, and a record from before that (no warm_start part) is another warm start's too."""
+    import hashlib
+
+    data, weights = tmp_path / "train.parquet", tmp_path / "model.safetensors"
+    data.write_bytes(b"rows")
+    weights.write_bytes(b"weights")
+    parts = grid.key_parts(data, weights)
+    assert parts["warm_start"] == hashlib.sha256(b"weights").hexdigest()[:16]
+    assert parts["data"] == hashlib.sha256(b"rows").hexdigest()[:16] and "warm_start" not in grid.key_parts(data)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "grpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {**parts, "warm_start": "other"}}))
+    (runs / "gdpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {"code": parts["code"], "data": parts["data"]}}))
+    (runs / "mrtpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": parts}))
+    assert grid.stale_records(runs, parts) == {"warm_start other": ["grpo_seed0"], "warm_start None": ["gdpo_seed0"]}
+
+
+def test_the_grid_warm_start_follows_the_plans_demonstrations(monkeypatch):
+    """The grid's warm start is built from demonstrations that follow the response instruction at the plan's rate
+    (grid.P_FOLLOW_RESPONSE, 0.4 since the 2026-12-03 amendment), not the data builder's default (the pilot's 0.2)."""
+    from data_prep import format_speed as builder
+
+    a = SimpleNamespace(n_sft=4000, sft_gold_steps=None, sft_demo_steps=None, sft_full_steps=None)
+    ns = grid._warm_start_args(a)
+    assert ns.p_follow_response == grid.P_FOLLOW_RESPONSE == 0.4 != builder.P_FOLLOW_RESPONSE
+    assert ns.p_follow_call == builder.P_FOLLOW_CALL and ns.p_arg == builder.P_ARG
+    assert "2026-12-03" in (grid.REPO / "docs" / "format_speed" / "analysis_plan.md").read_text()
+
+
 def test_the_grid_refuses_to_void_committed_records_unless_told(tmp_path, monkeypatch):
     from experiments.format_speed import runs as fs_runs
 
     docs = tmp_path / "docs"
     (docs / "runs").mkdir(parents=True)
-    (docs / "runs" / "grpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {"code": "old", "data": "d"}}))
+    (docs / "runs" / "grpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {"code": "old", "data": "d", "warm_start": "w"}}))
     monkeypatch.setattr(grid, "pin_warm_start", lambda *a, **k: "w")
-    monkeypatch.setattr(grid, "key_parts", lambda data: {"code": "new", "data": "d"})
+    monkeypatch.setattr(grid, "key_parts", lambda data, weights=None: {"code": "new", "data": "d", "warm_start": "w"})
     ran = []
     monkeypatch.setattr(fs_runs, "run_method", lambda method, seed, *a, **k: ran.append((method, seed)) or {"ok": True})
     ns = SimpleNamespace(out=tmp_path / "out", docs=docs, arms=["grpo"], seeds=[0], dry_run=False, no_lock=True,
