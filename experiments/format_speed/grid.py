@@ -100,14 +100,15 @@ def code_fingerprint(repo: Path = REPO) -> dict:
     return {"sha256": h.hexdigest()[:16], "files": n, "packages": versions}
 
 
-def key_parts(data: Path, weights: Optional[Path] = None, repo: Path = REPO) -> dict:
+def key_parts(data: Path, warm_start: Optional[str] = None, repo: Path = REPO) -> dict:
     """What a grid run's key holds besides its overrides: the code's fingerprint, the training data's hash and
-    (``weights``) the warm start's, so that :func:`stale_records` names the records of another warm start too."""
+    the warm start's weights' hash (``warm_start``, as :func:`pin_warm_start` returns it), so that
+    :func:`stale_records` names the records of another warm start too."""
     from data_prep.common import sha256_file
 
     parts = {"code": code_fingerprint(repo)["sha256"], "data": sha256_file(Path(data))[:16]}
-    if weights is not None:
-        parts["warm_start"] = sha256_file(Path(weights))[:16]
+    if warm_start is not None:
+        parts["warm_start"] = warm_start[:16]
     return parts
 
 
@@ -238,10 +239,10 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
         log(f"{len(runs)} runs; code {code_fingerprint()}")
         return 0
     with heavy_lock(log=log) if not a.no_lock else contextlib.nullcontext():  # built once, shared by every run
-        pin_warm_start(docs / "warm_start", wdir / "sft_model",
-                       lambda: prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION), log)
+        weights = pin_warm_start(docs / "warm_start", wdir / "sft_model",
+                                 lambda: prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION), log)
     model, data = wdir / "sft_model", wdir / "data" / "train.parquet"
-    parts = key_parts(data, model / "model.safetensors")
+    parts = key_parts(data, weights)
     log(f"{LOG_PREFIX} grid: {len(runs)} runs, code {parts['code']}, data {parts['data']}, warm start {parts['warm_start']}")
     stale = stale_records(docs / "runs", parts)
     if stale and not a.rerun_changed:  # hours of committed runs are not voided by an edit nobody meant for the grid

@@ -278,10 +278,12 @@ def test_the_key_parts_hold_the_warm_start_and_records_of_another_are_named(tmp_
     the weights' hash, and a record from before that (no warm_start part) is another warm start's too."""
     import hashlib
 
-    data, weights = tmp_path / "train.parquet", tmp_path / "model.safetensors"
+    data, weights = tmp_path / "train.parquet", tmp_path / "docs" / "warm_start" / "model.safetensors"
     data.write_bytes(b"rows")
-    weights.write_bytes(b"weights")
-    parts = grid.key_parts(data, weights)
+    sft = tmp_path / "sft_model"
+    pinned = grid.pin_warm_start(weights.parent, sft, lambda: (sft.mkdir(exist_ok=True),
+                                 (sft / "model.safetensors").write_bytes(b"weights")), lambda m: None)
+    parts = grid.key_parts(data, pinned)
     assert parts["warm_start"] == hashlib.sha256(b"weights").hexdigest()[:16]
     assert parts["data"] == hashlib.sha256(b"rows").hexdigest()[:16] and "warm_start" not in grid.key_parts(data)
     runs = tmp_path / "runs"
@@ -311,7 +313,7 @@ def test_the_grid_refuses_to_void_committed_records_unless_told(tmp_path, monkey
     (docs / "runs").mkdir(parents=True)
     (docs / "runs" / "grpo_seed0.json").write_text(json.dumps({"ok": True, "key_parts": {"code": "old", "data": "d", "warm_start": "w"}}))
     monkeypatch.setattr(grid, "pin_warm_start", lambda *a, **k: "w")
-    monkeypatch.setattr(grid, "key_parts", lambda data, weights=None: {"code": "new", "data": "d", "warm_start": "w"})
+    monkeypatch.setattr(grid, "key_parts", lambda data, warm_start=None: {"code": "new", "data": "d", "warm_start": "w"})
     ran = []
     monkeypatch.setattr(fs_runs, "run_method", lambda method, seed, *a, **k: ran.append((method, seed)) or {"ok": True})
     ns = SimpleNamespace(out=tmp_path / "out", docs=docs, arms=["grpo"], seeds=[0], dry_run=False, no_lock=True,
