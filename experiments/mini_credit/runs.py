@@ -79,18 +79,19 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
     keyed = [o.replace(str(REPO), "<repo>") for o in overrides] if key_parts else overrides
     parts = [keyed, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    name = run_info.get("arm", method)  # an ablation's log lines name its arm (mrtpo_warmup10), not its method
     if prior and prior.get("ok") and prior.get("key") == key:
-        log(f"{prefix} {method} seed {seed}: finished in an earlier session, its record kept (key {key})")
+        log(f"{prefix} {name} seed {seed}: finished in an earlier session, its record kept (key {key})")
         return prior
     result_path = run_dir / "result.json"
     if result_path.is_file():
         try:
             old = json.loads(result_path.read_text())
             if old.get("key") == key and old.get("ok"):
-                log(f"{prefix} {method} seed {seed}: done before, kept ({run_dir}; key {key})")
+                log(f"{prefix} {name} seed {seed}: done before, kept ({run_dir}; key {key})")
                 return old
             changed = [k for k, v in (key_parts or {}).items() if (old.get("key_parts") or {}).get(k) != v]
-            log(f"{prefix} {method} seed {seed}: {'failed before' if not old.get('ok') else 'key changed'}"
+            log(f"{prefix} {name} seed {seed}: {'failed before' if not old.get('ok') else 'key changed'}"
                 + (f" ({', '.join(changed)} changed)" if changed and old.get("ok") else "") + ": running it again")
         except ValueError:
             pass
@@ -100,12 +101,12 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
         run_dir.mkdir(parents=True)
         (run_dir / "run.json").write_text(json.dumps(run_info))
         t0 = time.monotonic()
-        log(f"{prefix} {method} seed {seed}: starting verl ({steps} steps) ...")
+        log(f"{prefix} {name} seed {seed}: starting verl ({steps} steps) ...")
 
         def progress(line: str) -> None:
             m = STEP_LINE.search(line)
             if m:
-                log(f"{prefix}   {method} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
+                log(f"{prefix}   {name} seed {seed}: step {m.group(1)} ({time.monotonic() - t0:.0f} s)")
 
         res = run_cpu("recipe.mrtpo.main_mrtpo", overrides, run_dir, timeout_s, on_line=progress)
     ok = (not res.timed_out) and res.returncode == 0 and sorted(res.steps) == list(range(1, steps + 1))

@@ -74,6 +74,9 @@ def test_a_finished_run_is_kept_only_while_its_code_is_unchanged(tmp_path, monke
     old = run_verl(*args[:4], tmp_path / "run_old", *args[5:], log=logs.append)
     assert old["key"] == hashlib.sha256(json.dumps([["a=1"], sha256_file(tmp_path / "model" / "model.safetensors")])
                                         .encode()).hexdigest()[:16]
+    # an ablation's lines name its arm, the folder's name, not the method it runs
+    run_verl(*args[:4], tmp_path / "run_arm", *args[5:7], {"method": "mrtpo", "arm": "mrtpo-warmup10"}, log=logs.append)
+    assert any("mrtpo-warmup10 seed 0: starting verl" in m for m in logs)
 
 
 def test_a_committed_record_stands_for_its_run_across_sessions(tmp_path, monkeypatch):
