@@ -79,7 +79,7 @@ def run_verl(method: str, seed: int, overrides: list[str], model: Path, run_dir:
     keyed = [o.replace(str(REPO), "<repo>") for o in overrides] if key_parts else overrides
     parts = [keyed, sha256_file(Path(model) / "model.safetensors")] + ([key_parts] if key_parts else [])
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-    name = run_info.get("arm", method)  # an ablation's log lines name its arm (mrtpo_warmup10), not its method
+    name = run_info.get("arm", method)  # an ablation's log lines name its arm (mrtpo-warmup10), not its method
     if prior and prior.get("ok") and prior.get("key") == key:
         log(f"{prefix} {name} seed {seed}: finished in an earlier session, its record kept (key {key})")
         return prior
