@@ -21,6 +21,11 @@ Per run (:func:`run_instability`):
   of step k first shapes the samples of step k + 1), against the base rate (:func:`base_rate`): the share of the
   steps that could be drops (j > WINDOW) with a spike in their LAG steps before. A share of drops well above the
   base rate is what "spikes precede drops" means here; the same with max |A_t| as the spike signal.
+
+Exploratory, not in the analysis plan (added after MRTPO seed 1 of the grid was seen to reach format 0.8 and then
+lose it, which T cannot see): **format held** (:func:`format_floor`): after the first step whose 3-step running
+mean of the format rate reaches 0.8 (the step T of the plan), the lowest running mean of the later steps and its
+step; a run whose floor is below :data:`FORMAT_LOST` lost the format it had learned.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ WINDOW = 3
 DROP = 0.5  # on ToolRL's correctness scale [-3, 3]
 LAG = 2
 
+FORMAT_REACHED, FORMAT_LOST = 0.8, 0.6
+
 CORRECTNESS = "mrtpo/reward/correctness/mean"
+FORMAT = "mrtpo/reward/format/mean"
 
 
 def spikes(series: Mapping[int, float], factor: float = SPIKE_FACTOR, min_history: int = MIN_HISTORY) -> list[int]:
@@ -69,6 +77,18 @@ def base_rate(steps: list[int], spike_steps: list[int], lag: int = LAG, window: 
     return preceded(eligible, spike_steps, lag) / len(eligible)
 
 
+def format_floor(series: Mapping[int, float], reached: float = FORMAT_REACHED,
+                 window: int = WINDOW) -> Optional[tuple[int, float]]:
+    """(step, value) of min_{k > T} r_k, where r_k = mean(f_{k-window+1}, ..., f_k) is the running mean of the
+    format rate and T the first step with r_T >= ``reached``; None when it is never reached or reached last."""
+    keys = sorted(series)
+    run = [(keys[i], sum(series[j] for j in keys[i - window + 1:i + 1]) / window) for i in range(window - 1, len(keys))]
+    first = next((i for i, (_, r) in enumerate(run) if r >= reached), None)
+    if first is None or first == len(run) - 1:
+        return None
+    return min(run[first + 1:], key=lambda kr: (kr[1], kr[0]))
+
+
 def _series(record: dict, key: str) -> dict[int, float]:
     return {int(k): float(v) for k, v in (record.get("metrics", {}).get(key) or {}).items()}
 
@@ -80,6 +100,7 @@ def run_instability(record: dict) -> dict:
     share = _series(record, "mrtpo/adv_top_share_max")
     grad, clip, cor = _series(record, "actor/grad_norm"), _series(record, "actor/pg_clipfrac"), _series(record, CORRECTNESS)
     g_spikes, a_spikes, d = spikes(grad), spikes(adv), drops(cor)
+    floor = format_floor(_series(record, FORMAT))
     return {
         "arm": record.get("arm"), "seed": record.get("seed"), "ok": bool(record.get("ok")),
         "max_abs_adv": max(adv.values()) if adv else None,
@@ -91,6 +112,8 @@ def run_instability(record: dict) -> dict:
         "spikes": g_spikes, "drops": d, "drops_after_spike": preceded(d, g_spikes),
         "base_rate": base_rate(list(cor), g_spikes),
         "adv_spikes": a_spikes, "drops_after_adv_spike": preceded(d, a_spikes), "adv_base_rate": base_rate(list(cor), a_spikes),
+        "format_floor": floor[1] if floor else None, "format_floor_step": floor[0] if floor else None,
+        "format_lost": bool(floor and floor[1] < FORMAT_LOST),
     }
 
 
@@ -115,7 +138,9 @@ def arm_summary(per_run: Mapping) -> dict:
                   "spikes": sum(len(r["spikes"]) for r in rs), "drops": sum(len(r["drops"]) for r in rs),
                   "drops_after_spike": sum(r["drops_after_spike"] for r in rs), "base_rate": mean(rs, "base_rate"),
                   "drops_after_adv_spike": sum(r["drops_after_adv_spike"] for r in rs),
-                  "adv_base_rate": mean(rs, "adv_base_rate")}
+                  "adv_base_rate": mean(rs, "adv_base_rate"),
+                  "format_reached": sum(r["format_floor"] is not None for r in rs),
+                  "format_lost": sum(r["format_lost"] for r in rs)}
             for arm, rs in arms.items()}
 
 
@@ -125,6 +150,12 @@ def _f(v, digits=2, pct=False) -> str:
     return f"{100 * v:.0f}%" if pct else f"{v:.{digits}f}"
 
 
+def _floor(r: Mapping) -> str:
+    if r["format_floor"] is None:
+        return "–"
+    return f"{r['format_floor']:.2f} ({r['format_floor_step']}){' lost' if r['format_lost'] else ''}"
+
+
 def render_instability(per_run: Mapping) -> str:
     """``instability.md``: the table per arm, then per run."""
     lines = ["# Format speed: the instability measured (per arm, then per run)", "",
@@ -132,10 +163,13 @@ def render_instability(per_run: Mapping) -> str:
              f"exceeds {SPIKE_FACTOR:g}x the median of the run's earlier steps (after {MIN_HISTORY}); a drop: a step whose "
              f"correctness batch mean is more than {DROP:g} below the mean of the {WINDOW} steps before; a drop after a "
              f"spike: a spike in the {LAG} steps before it; base rate: the share of steps with a spike in their {LAG} "
-             "steps before (what chance alone gives). Medians (max) over the arm's finished runs.", "",
+             "steps before (what chance alone gives). Medians (max) over the arm's finished runs. Exploratory, not in "
+             f"the plan: format lost: runs whose 3-step running mean of the format rate, after first reaching "
+             f"{FORMAT_REACHED:g}, fell below {FORMAT_LOST:g} (of the runs that reached it before their last step); "
+             "format floor: that lowest running mean after the first reach, and its step.", "",
              "| arm | runs | max abs A_t | top token's share | grad norm max | clip fraction (mean) | spikes | drops "
-             "| drops after a grad spike (base rate) | drops after an abs-A spike (base rate) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| drops after a grad spike (base rate) | drops after an abs-A spike (base rate) | format lost (exploratory) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for arm, s in arm_summary(per_run).items():
         def mm(key, digits=2, pct=False):
             med, mx = s[key]
@@ -144,12 +178,14 @@ def render_instability(per_run: Mapping) -> str:
         lines.append(f"| {arm} | {s['runs']} | {mm('max_abs_adv')} | {mm('top_share_max', pct=True)} | "
                      f"{mm('grad_norm_max')} | {mm('clipfrac_mean', 3)} | {s['spikes']} | {s['drops']} | "
                      f"{s['drops_after_spike']} ({_f(s['base_rate'], pct=True)}) | "
-                     f"{s['drops_after_adv_spike']} ({_f(s['adv_base_rate'], pct=True)}) |")
+                     f"{s['drops_after_adv_spike']} ({_f(s['adv_base_rate'], pct=True)}) | "
+                     f"{s['format_lost']} of {s['format_reached']} |")
     lines += ["", "| run | max abs A_t | top token's share | grad norm max / median | clip fraction mean / max | "
-              "grad spikes at | drops at | drops after a spike |", "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
+              "grad spikes at | drops at | drops after a spike | format floor after 0.8 (step) |",
+              "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in sorted(per_run.values(), key=lambda r: (str(r["arm"]), r["seed"] or 0)):
         lines.append(f"| {r['arm']} seed {r['seed']}{'' if r['ok'] else ' (failed)'} | {_f(r['max_abs_adv'])} | "
                      f"{_f(r['top_share_max'], pct=True)} | {_f(r['grad_norm_max'])} / {_f(r['grad_norm_median'])} | "
                      f"{_f(r['clipfrac_mean'], 3)} / {_f(r['clipfrac_max'], 3)} | {', '.join(map(str, r['spikes'])) or '–'} | "
-                     f"{', '.join(map(str, r['drops'])) or '–'} | {r['drops_after_spike']} |")
+                     f"{', '.join(map(str, r['drops'])) or '–'} | {r['drops_after_spike']} | {_floor(r)} |")
     return "\n".join(lines) + "\n"

@@ -237,6 +237,24 @@ def test_spikes_drops_and_precedence_on_a_synthetic_run():
     assert "| mrtpo | 1 | 13.00 (13.00) | 90% (90%) |" in table
 
 
+def test_format_floor_sees_a_format_learned_then_lost():
+    fmt = dict(enumerate([0.1, 0.1, 0.1, 0.9, 0.9, 0.9, 0.6, 0.6, 0.6, 0.9], start=1))
+    # running means from step 3: 0.1, 0.37, 0.63, 0.9 (step 6: reached), 0.8, 0.7, 0.6 (step 9), 0.7: held
+    step, floor = instability.format_floor(fmt)
+    assert (step, round(floor, 6)) == (9, 0.6)
+    fmt.update({8: 0.3, 9: 0.3})  # then 0.8, 0.6, 0.4 (step 9), 0.5: lost
+    step, floor = instability.format_floor(fmt)
+    assert (step, round(floor, 6)) == (9, 0.4)
+    assert instability.format_floor({k: 0.5 for k in range(1, 11)}) is None  # never reached
+    assert instability.format_floor({**{k: 0.0 for k in range(1, 8)}, 8: 1.0, 9: 1.0, 10: 1.0}) is None  # reached last
+    rec = {"arm": "mrtpo", "seed": 1, "ok": True, "metrics": {instability.FORMAT: {str(k): v for k, v in fmt.items()}}}
+    r = instability.run_instability(rec)
+    assert r["format_lost"] and r["format_floor_step"] == 9
+    held = dict(rec, seed=2, metrics={instability.FORMAT: {str(k): 0.9 for k in range(1, 11)}})
+    table = instability.render_instability({"a": r, "b": instability.run_instability(held)})
+    assert "| 1 of 2 |" in table and "0.40 (9) lost" in table and "0.90 (4) |" in table
+
+
 def test_the_warm_start_is_the_committed_one_in_every_session(tmp_path):
     """The first session commits the warm start it built; a later one starts from it (its preparation finds it
     cached) and refuses to run on other weights."""
