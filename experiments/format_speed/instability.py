@@ -23,7 +23,7 @@ Per run (:func:`run_instability`):
   base rate is what "spikes precede drops" means here; the same with max |A_t| as the spike signal.
 
 Exploratory, not in the analysis plan (added after MRTPO seed 1 of the grid was seen to reach format 0.8 and then
-lose it, which T cannot see): **format held** (:func:`format_floor`): after the first step whose 3-step running
+lose it, which T cannot see): **format lost** (:func:`format_floor`): after the first step whose 3-step running
 mean of the format rate reaches 0.8 (the step T of the plan), the lowest running mean of the later steps and its
 step; a run whose floor is below :data:`FORMAT_LOST` lost the format it had learned.
 """
