@@ -34,6 +34,8 @@ import statistics
 from collections.abc import Mapping
 from typing import Optional
 
+from experiments.format_speed.results import curve_summary
+
 SPIKE_FACTOR = 2.0
 MIN_HISTORY = 3
 WINDOW = 3
@@ -79,14 +81,12 @@ def base_rate(steps: list[int], spike_steps: list[int], lag: int = LAG, window: 
 
 def format_floor(series: Mapping[int, float], reached: float = FORMAT_REACHED,
                  window: int = WINDOW) -> Optional[tuple[int, float]]:
-    """(step, value) of min_{k > T} r_k, where r_k = mean(f_{k-window+1}, ..., f_k) is the running mean of the
-    format rate and T the first step with r_T >= ``reached``; None when it is never reached or reached last."""
-    keys = sorted(series)
-    run = [(keys[i], sum(series[j] for j in keys[i - window + 1:i + 1]) / window) for i in range(window - 1, len(keys))]
-    first = next((i for i, (_, r) in enumerate(run) if r >= reached), None)
-    if first is None or first == len(run) - 1:
-        return None
-    return min(run[first + 1:], key=lambda kr: (kr[1], kr[0]))
+    """(step, value) of min_{k > T} r_k, where r_k is the ``window``-step running mean of the format rate and T the
+    first step with r_T >= ``reached`` (both as the plan's T: :func:`.results.curve_summary`); None when it is never
+    reached or reached last."""
+    c = curve_summary(dict(series), reached, window, 0)
+    later = [(k, r) for k, r in c["running"].items() if c["first_reach"] is not None and k > c["first_reach"]]
+    return min(later, key=lambda kr: (kr[1], kr[0])) if later else None
 
 
 def _series(record: dict, key: str) -> dict[int, float]:
