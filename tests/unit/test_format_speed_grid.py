@@ -345,3 +345,9 @@ def test_the_grid_refuses_to_void_committed_records_unless_told(tmp_path, monkey
     assert "1 under code old (grpo_seed0)" in str(e.value) and ran == []
     ns.rerun_changed = True
     assert grid.run_grid(ns, log=lambda m: None) == 0 and ran == [("grpo", 0)]
+
+
+def test_a_p_value_below_the_fourth_decimal_is_printed_not_rounded_to_zero():
+    assert analysis.format_p(0.03125) == "0.0312" and analysis.format_p(1e-4) == "0.0001"
+    smallest = 2 / 2 ** 24  # the exact paired sign-flip test's smallest p at 24 seeds
+    assert analysis.format_p(smallest) == "1.2e-07" and float(analysis.format_p(smallest)) > 0
