@@ -351,3 +351,28 @@ def test_a_p_value_below_the_fourth_decimal_is_printed_not_rounded_to_zero():
     assert analysis.format_p(0.03125) == "0.0312" and analysis.format_p(1e-4) == "0.0001"
     smallest = 2 / 2 ** 24  # the exact paired sign-flip test's smallest p at 24 seeds
     assert analysis.format_p(smallest) == "1.2e-07" and float(analysis.format_p(smallest)) > 0
+
+
+def _rollout(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"output": o, "gts": {"answer": a}}) + "\n" for o, a in rows))
+
+
+def test_response_block_rate_counts_only_the_rows_whose_reference_has_the_block(tmp_path):
+    from experiments.format_speed import response_block as rb
+
+    want, call = "<tool_call>x</tool_call>\n<response>y</response>", "<tool_call>x</tool_call>"
+    for k in range(1, 13):  # steps 1-2 emit the block for half the wanted rows, then never
+        emitted = "<response>y</response>" if k <= 2 else ""
+        _rollout(tmp_path / "runs" / "a_seed0" / "rollouts" / f"{k}.jsonl",
+                 [(emitted, want), ("", want), ("<response>stray</response>", call)])
+        _rollout(tmp_path / "runs" / "b_seed0" / "rollouts" / f"{k}.jsonl", [("<response>y</response>", want)])
+    (tmp_path / "runs" / "c_seed0" / "rollouts").mkdir(parents=True)  # no rollout files: left out
+    rates = rb.run_rates(tmp_path / "runs" / "a_seed0", 12)
+    assert rates[:2] == [0.5, 0.5] and rates[2:] == [0.0] * 10  # the stray block under `call` is not counted
+    s = rb.summary(rates)
+    assert s["unlearned"] and s["first5"] == pytest.approx(0.2) and s["min_after5"] == 0.0
+    assert rb.summary(rb.run_rates(tmp_path / "runs" / "b_seed0", 12))["unlearned"] is False
+    out = rb.table(tmp_path / "runs", steps=12)
+    assert "| a_seed0 | 0.20 | 0.00 | 0.00 | yes |" in out and "| b_seed0 | 1.00 | 1.00 | 1.00 | no |" in out
+    assert "c_seed0" not in out
