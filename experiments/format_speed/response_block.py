@@ -4,7 +4,7 @@ the block exactly when the reference has it, ``recipe/mrtpo/tasks/toolrl.py``) t
 
 Exploratory, not in the analysis plan (added after the grid's censored runs were seen to sit at a format rate
 near 0.5): it reads verl's rollout files (``<run>/rollouts/<step>.jsonl``: ``output`` and ``gts["answer"]`` per
-row), which live in the session's run folders, not in the committed records. A run has **unlearned** the block
+row), which live in the run folders under ``outputs/``, not in the committed records. A run has **unlearned** the block
 when its mean rate over the last :data:`LAST` steps is below :data:`UNLEARNED`.
 
 ``python -m experiments.format_speed.response_block [RUNS_DIR]`` prints one markdown row per run folder that has
