@@ -239,7 +239,7 @@ def run_grid(a, log: Callable[[str], None] = print) -> int:
         log(f"{len(runs)} runs; code {code_fingerprint()}")
         return 0
     with heavy_lock(log=log) if not a.no_lock else contextlib.nullcontext():  # built once, shared by every run
-        weights = pin_warm_start(docs / "warm_start", wdir / "sft_model",
+        weights = pin_warm_start(Path(a.warm_start) if getattr(a, "warm_start", None) else docs / "warm_start", wdir / "sft_model",
                                  lambda: prepare_seed(wdir, 0, _warm_start_args(a), log, CONDITION), log)
     model, data = wdir / "sft_model", wdir / "data" / "train.parquet"
     parts = key_parts(data, weights)
@@ -276,6 +276,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "format_speed")
     ap.add_argument("--docs", type=Path, default=REPO / "docs" / "format_speed" / "grid",
                     help="where each finished run's record is written (runs/<arm>_seed<s>.json)")
+    ap.add_argument("--warm-start", type=Path, default=None,
+                    help="the committed warm start every run starts from (default: <--docs>/warm_start; the replication "
+                         "names the grid's)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="replace every arm's seeds (a smoke)")
     ap.add_argument("--steps", type=int, default=STEPS)

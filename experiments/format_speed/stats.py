@@ -162,3 +162,100 @@ def seeds_needed(delta: float, sd: float, power: float = 0.8, alpha: float = 0.0
     n = ceil(2 (z_(1-alpha/2) + z_power)^2 sd^2 / delta^2)."""
     z = NormalDist()
     return math.ceil(2 * (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) ** 2 * sd**2 / delta**2)
+
+
+# ---------------------------------------------------------------- the replication's rank-based tests
+# (docs/format_speed/replication_plan.md): the primary is Wilcoxon's signed-rank test, exact, with the sign test
+# and the mean's sign-flip test beside it.
+
+def _midranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``x`` (ascending), ties given the mean of the ranks they span."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=float)
+    xs = x[order]
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def signed_rank_p(diffs: Sequence[float]) -> Optional[dict]:
+    """Wilcoxon's signed-rank test of the per-seed differences d_s, exact and two-sided.
+
+    Zero differences are dropped (Wilcoxon's own rule); the n' others are ranked by |d_s| with mid-ranks for ties;
+    W+ = sum of the ranks of the positive d_s. Under the null every sign is +-1 with probability 1/2 independently,
+    given the ranks, so the exact conditional distribution of W+ is the convolution of n' two-point laws
+    {0, r_i}, counted exactly over the 2^n' sign assignments (mid-ranks are multiples of 1/2: doubled, integers).
+    p = P(|W+ - E W+| >= |w+ - E W+|) under it (the observed assignment counted). Returns
+    ``{"p", "w_plus", "n_nonzero", "n_zero"}``, or ``None`` when every difference is 0 or there are none."""
+    d = np.asarray([float(x) for x in diffs], dtype=float)
+    nz = d[d != 0]
+    if nz.size == 0:
+        return None
+    ranks2 = np.rint(2 * _midranks(np.abs(nz))).astype(np.int64)  # doubled mid-ranks: integers
+    top = int(ranks2.sum())
+    counts = np.zeros(top + 1, dtype=object)  # counts[s]: sign assignments whose doubled W+ is s
+    counts[0] = 1
+    for r in ranks2.tolist():
+        counts[r:] = counts[r:] + counts[:-r].copy() if r else counts * 2
+    w2 = int(ranks2[nz > 0].sum())
+    centre2 = top / 2.0  # E[2 W+] = sum(doubled ranks) / 2
+    dev = abs(w2 - centre2)
+    s = np.arange(top + 1)
+    extreme = np.abs(s - centre2) >= dev - 1e-9
+    p = float(sum(counts[extreme]) / 2.0 ** len(ranks2))
+    return {"p": min(1.0, p), "w_plus": w2 / 2.0, "n_nonzero": int(nz.size), "n_zero": int(d.size - nz.size)}
+
+
+def sign_test_p(diffs: Sequence[float]) -> Optional[dict]:
+    """The exact two-sided sign test: zeros dropped, k = #{d_s < 0} of the n' others ~ Binomial(n', 1/2) under the
+    null; p = sum of the probabilities of every count at most as likely as k's (the observed included), capped at 1.
+    Returns ``{"p", "negative", "positive", "zero"}`` or ``None`` when every difference is 0 or there are none."""
+    d = [float(x) for x in diffs]
+    neg, pos = sum(x < 0 for x in d), sum(x > 0 for x in d)
+    n = neg + pos
+    if n == 0:
+        return None
+    probs = [math.comb(n, k) / 2.0**n for k in range(n + 1)]
+    p = sum(q for q in probs if q <= probs[neg] * (1 + 1e-12))
+    return {"p": min(1.0, p), "negative": neg, "positive": pos, "zero": len(d) - n}
+
+
+def hodges_lehmann(diffs: Sequence[float]) -> Optional[float]:
+    """The Hodges-Lehmann estimate of the centre of the paired differences (the estimator that goes with the
+    signed-rank test): the median of the Walsh averages (d_i + d_j) / 2 over i <= j. ``None`` for no data."""
+    d = np.asarray([float(x) for x in diffs], dtype=float)
+    if d.size == 0:
+        return None
+    i, j = np.triu_indices(d.size)
+    return float(np.median((d[i] + d[j]) / 2.0))
+
+
+def bootstrap_hl_interval(diffs: Sequence[float], resamples: int = 10_000, seed: int = 0,
+                          level: float = 0.95) -> Optional[tuple[float, float]]:
+    """The percentile-bootstrap interval of :func:`hodges_lehmann` over seeds (the differences resampled with
+    replacement from ``numpy.random.default_rng(seed)``, ``resamples`` times)."""
+    d = np.asarray([float(x) for x in diffs], dtype=float)
+    if d.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    i, j = np.triu_indices(d.size)
+    est = np.empty(resamples)
+    for b in range(resamples):
+        x = d[rng.integers(0, d.size, size=d.size)]
+        est[b] = np.median((x[i] + x[j]) / 2.0)
+    lo, hi = np.percentile(est, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def simulated_power(draw, n: int, test=lambda d: signed_rank_p(d)["p"] if signed_rank_p(d) else 1.0,
+                    alpha: float = 0.05, sims: int = 2000, seed: int = 0) -> float:
+    """Power of ``test`` at ``alpha`` on n pairs, by simulation: the share of ``sims`` samples
+    ``draw(rng, n) -> n differences`` (``rng`` = ``numpy.random.default_rng(seed)``, shared) whose p is below
+    ``alpha``."""
+    rng = np.random.default_rng(seed)
+    return float(np.mean([test(draw(rng, n)) < alpha for _ in range(sims)]))
