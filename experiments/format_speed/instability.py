@@ -7,9 +7,13 @@ Per run (:func:`run_instability`):
 
 - **max |A_t|**: the largest |final token advantage| of the run, max over steps of max(|critic/advantages/max|,
   |critic/advantages/min|) (verl's own metrics: every method has them);
-- **top token's share**: max over steps of ``mrtpo/adv_top_share_max``, the largest share max_t A_t^2 / sum_t A_t^2
-  of one response (the recipe's advantage step; GRPO runs verl's step, whose advantage is the same on every token
-  of a response: its share is 1 / L, not logged);
+- **top token's share, mean**: the mean over steps of ``mrtpo/adv_top_share_mean``, the batch's mean over responses
+  of max_t A_t^2 / sum_t A_t^2 (the recipe's advantage step). Where every token of a response carries the same
+  advantage (GDPO; GRPO, which runs verl's step and logs none) a response's share is exactly 1 / L, so this is the
+  mean of 1 / L over the responses; it is the figure that compares the arms;
+- **top token's share, largest**: max over steps of ``mrtpo/adv_top_share_max``, the largest share of any one
+  response of the run: an extreme, which for GDPO is 1 / L of the run's shortest response (100% for a one-token
+  response), so it does not compare concentration between arms;
 - **grad norm**: ``actor/grad_norm``, the total norm before clipping (torch's ``clip_grad_norm_`` returns it),
   max and median over steps;
 - **clip fraction**: ``actor/pg_clipfrac``, mean and max over steps;
@@ -97,7 +101,8 @@ def run_instability(record: dict) -> dict:
     """One run's measures (module docstring) from its record's per-step metrics."""
     amax, amin = _series(record, "critic/advantages/max"), _series(record, "critic/advantages/min")
     adv = {k: max(abs(amax[k]), abs(amin.get(k, 0.0))) for k in amax}
-    share = _series(record, "mrtpo/adv_top_share_max")
+    share, share_mean = _series(record, "mrtpo/adv_top_share_max"), _series(record, "mrtpo/adv_top_share_mean")
+    share_mean = {k: v for k, v in share_mean.items() if v == v}  # a step without a response logs NaN
     grad, clip, cor = _series(record, "actor/grad_norm"), _series(record, "actor/pg_clipfrac"), _series(record, CORRECTNESS)
     g_spikes, a_spikes, d = spikes(grad), spikes(adv), drops(cor)
     floor = format_floor(_series(record, FORMAT))
@@ -105,6 +110,7 @@ def run_instability(record: dict) -> dict:
         "arm": record.get("arm"), "seed": record.get("seed"), "ok": bool(record.get("ok")),
         "max_abs_adv": max(adv.values()) if adv else None,
         "top_share_max": max(share.values()) if share else None,
+        "top_share_mean": sum(share_mean.values()) / len(share_mean) if share_mean else None,
         "grad_norm_max": max(grad.values()) if grad else None,
         "grad_norm_median": statistics.median(grad.values()) if grad else None,
         "clipfrac_mean": sum(clip.values()) / len(clip) if clip else None,
@@ -133,8 +139,8 @@ def arm_summary(per_run: Mapping) -> dict:
         v = [r[key] for r in rs if r[key] is not None]
         return sum(v) / len(v) if v else None
 
-    return {arm: {"runs": len(rs), **{k: agg(rs, k) for k in ("max_abs_adv", "top_share_max", "grad_norm_max",
-                                                            "clipfrac_mean")},
+    return {arm: {"runs": len(rs), **{k: agg(rs, k) for k in ("max_abs_adv", "top_share_mean", "top_share_max",
+                                                            "grad_norm_max", "clipfrac_mean")},
                   "spikes": sum(len(r["spikes"]) for r in rs), "drops": sum(len(r["drops"]) for r in rs),
                   "drops_after_spike": sum(r["drops_after_spike"] for r in rs), "base_rate": mean(rs, "base_rate"),
                   "drops_after_adv_spike": sum(r["drops_after_adv_spike"] for r in rs),
@@ -166,26 +172,29 @@ def render_instability(per_run: Mapping) -> str:
              "steps before (what chance alone gives). Medians (max) over the arm's finished runs. Exploratory, not in "
              f"the plan: format lost: runs whose 3-step running mean of the format rate, after first reaching "
              f"{FORMAT_REACHED:g}, fell below {FORMAT_LOST:g} (of the runs that reached it before their last step); "
-             "format floor: that lowest running mean after the first reach, and its step.", "",
-             "| arm | runs | max abs A_t | top token's share | grad norm max | clip fraction (mean) | spikes | drops "
+             "format floor: that lowest running mean after the first reach, and its step. Top token's share of a "
+             "response's sum_t A_t^2: its mean over the run's responses and steps (the comparable figure; where a "
+             "response's tokens share one advantage, GDPO, it is 1 / L) and the largest of any one response (an extreme: "
+             "for GDPO, 1 / L of the shortest response).", "",
+             "| arm | runs | max abs A_t | top token's share, mean | top token's share, largest | grad norm max | clip fraction (mean) | spikes | drops "
              "| drops after a grad spike (base rate) | drops after an abs-A spike (base rate) | format lost (exploratory) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for arm, s in arm_summary(per_run).items():
         def mm(key, digits=2, pct=False):
             med, mx = s[key]
             return f"{_f(med, digits, pct)} ({_f(mx, digits, pct)})"
 
-        lines.append(f"| {arm} | {s['runs']} | {mm('max_abs_adv')} | {mm('top_share_max', pct=True)} | "
+        lines.append(f"| {arm} | {s['runs']} | {mm('max_abs_adv')} | {mm('top_share_mean', 3)} | {mm('top_share_max', pct=True)} | "
                      f"{mm('grad_norm_max')} | {mm('clipfrac_mean', 3)} | {s['spikes']} | {s['drops']} | "
                      f"{s['drops_after_spike']} ({_f(s['base_rate'], pct=True)}) | "
                      f"{s['drops_after_adv_spike']} ({_f(s['adv_base_rate'], pct=True)}) | "
                      f"{s['format_lost']} of {s['format_reached']} |")
-    lines += ["", "| run | max abs A_t | top token's share | grad norm max / median | clip fraction mean / max | "
+    lines += ["", "| run | max abs A_t | top token's share, mean / largest | grad norm max / median | clip fraction mean / max | "
               "grad spikes at | drops at | drops after a spike | format floor after 0.8 (step) |",
               "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in sorted(per_run.values(), key=lambda r: (str(r["arm"]), r["seed"] or 0)):
         lines.append(f"| {r['arm']} seed {r['seed']}{'' if r['ok'] else ' (failed)'} | {_f(r['max_abs_adv'])} | "
-                     f"{_f(r['top_share_max'], pct=True)} | {_f(r['grad_norm_max'])} / {_f(r['grad_norm_median'])} | "
+                     f"{_f(r['top_share_mean'], 3)} / {_f(r['top_share_max'], pct=True)} | {_f(r['grad_norm_max'])} / {_f(r['grad_norm_median'])} | "
                      f"{_f(r['clipfrac_mean'], 3)} / {_f(r['clipfrac_max'], 3)} | {', '.join(map(str, r['spikes'])) or '–'} | "
                      f"{', '.join(map(str, r['drops'])) or '–'} | {r['drops_after_spike']} | {_floor(r)} |")
     return "\n".join(lines) + "\n"

@@ -229,12 +229,14 @@ def test_spikes_drops_and_precedence_on_a_synthetic_run():
     rec = {"arm": "mrtpo", "seed": 0, "ok": True, "metrics": {
         "actor/grad_norm": {str(k): v for k, v in grad.items()}, instability.CORRECTNESS: {str(k): v for k, v in cor.items()},
         "critic/advantages/max": {"1": 2.0, "2": 11.5}, "critic/advantages/min": {"1": -13.0, "2": -3.0},
-        "mrtpo/adv_top_share_max": {"1": 0.4, "2": 0.9}, "actor/pg_clipfrac": {"1": 0.0, "2": 0.5}}}
+        "mrtpo/adv_top_share_max": {"1": 0.4, "2": 0.9}, "mrtpo/adv_top_share_mean": {"1": 0.1, "2": 0.3, "3": float("nan")},
+        "actor/pg_clipfrac": {"1": 0.0, "2": 0.5}}}
     r = instability.run_instability(rec)
     assert r["max_abs_adv"] == 13.0 and r["top_share_max"] == 0.9 and r["clipfrac_mean"] == 0.25
+    assert r["top_share_mean"] == pytest.approx(0.2)  # the mean over steps of the per-response mean; NaN steps left out
     assert r["drops_after_spike"] == 1 and r["grad_norm_max"] == 5.0
     table = instability.render_instability({"mrtpo_seed0": r})
-    assert "| mrtpo | 1 | 13.00 (13.00) | 90% (90%) |" in table
+    assert "| mrtpo | 1 | 13.00 (13.00) | 0.200 (0.200) | 90% (90%) |" in table and "| 0.200 / 90% |" in table
 
 
 def test_format_floor_sees_a_format_learned_then_lost():
