@@ -19,7 +19,7 @@ SPAN_TYPES = ("startend:end_checker", "detectable_format:title", "detectable_con
               "detectable_format:number_highlighted_sections", "detectable_format:number_bullet_lists",
               "combination:repeat_prompt")
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?]["'])\s+|\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"'])\s+|\n+")
 _KEYWORD_CUES = ("keyword", "word", "include", "mention", "use", "appear", "time")
 
 
