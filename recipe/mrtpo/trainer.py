@@ -48,7 +48,7 @@ from recipe.mrtpo.core.seeding import submission_order
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
-from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, fused_check_metrics, run_replay
+from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, run_replay, standing_check
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender, tools_key
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -350,16 +350,19 @@ class MRTPOTrainer(PPOTrainerSync):
         if not self._fuses_old_log_prob():
             return super()._compute_old_log_prob(batch, metrics)
         check = self._fused_check_due()
-        # the standing check: verl's own old_log_prob first (its call writes log_probs / entropy; the fused step's
-        # entropy is written after it), the fused pass's compared with it below
+        # the standing check: verl's own old_log_prob first (its calls write log_probs / entropy; the fused step's
+        # entropy is written after them), then once more on the rows in reverse order (packed otherwise: the floor
+        # rounding alone reaches), the fused pass's compared with both below
         verl_lp = verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg) if check else None
+        verl_lp2 = (verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg, order=list(range(len(batch)))[::-1])
+                    if check else None)
         ob = verl_seam.read_old_log_prob_batch(self.config, batch)
         extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
         table = read_reward_table(extras, ob.uid)
         result = self._run_replay(batch, ob, table, fused=True)
         self._fused_replay = (list(batch.keys), result)
         if verl_lp is not None:
-            self._fused_check(result.old_log_probs, verl_lp, ob, batch, metrics)
+            self._fused_check(result.old_log_probs, verl_lp, verl_lp2, ob, batch, metrics)
         return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
 
     def _fused_check_due(self) -> bool:
@@ -374,21 +377,24 @@ class MRTPOTrainer(PPOTrainerSync):
             return True
         return False
 
-    def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, ob, batch, metrics: dict) -> None:
-        """Log ``mrtpo/consistency/fused_vs_verl_*`` and warn in one line above the dtype's threshold."""
-        valid = ~padding_rows(batch, ob.uid)
-        m = fused_check_metrics(fused, verl_lp, ob.response_mask, valid)
-        metrics.update(m)
+    def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, verl_lp2: Optional[torch.Tensor], ob, batch,
+                     metrics: dict) -> None:
+        """Log ``mrtpo/consistency/*`` and warn in one line above the step's floor (``replay_driver.standing_check``)."""
         from omegaconf import OmegaConf
 
         dtype = OmegaConf.select(self.config, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", default=None)
         key = "fp32" if str(dtype or "bf16") in ("fp32", "float32", "float") else "bf16"  # verl's default: bf16
-        mean = m.get("mrtpo/consistency/fused_vs_verl_mean", 0.0)
-        if mean > FUSED_CHECK_THRESHOLDS[key]:
+        m, warn = standing_check(fused, verl_lp, verl_lp2, ob.response_mask, ~padding_rows(batch, ob.uid),
+                                 FUSED_CHECK_THRESHOLDS[key])
+        metrics.update(m)
+        if warn:
             logger.warning("mrtpo: step %s: the fused old_log_probs differ from verl's own by %.3g on average (max %.3g) "
-                           "over %d tokens, above the %s threshold %.0e: check the replay's numerics (docs/fused_pass.md)",
-                           self.global_steps, mean, m.get("mrtpo/consistency/fused_vs_verl_max", 0.0),
-                           m["mrtpo/consistency/fused_vs_verl_tokens"], key, FUSED_CHECK_THRESHOLDS[key])
+                           "over %d tokens, above the %s threshold %.3g (2 x verl's own floor %.3g under another packing "
+                           "+ %.0e): check the replay's numerics (docs/fused_pass.md)",
+                           self.global_steps, m["mrtpo/consistency/fused_vs_verl_mean"],
+                           m.get("mrtpo/consistency/fused_vs_verl_max", 0.0), m["mrtpo/consistency/fused_vs_verl_tokens"],
+                           key, m["mrtpo/consistency/fused_check_threshold"], m["mrtpo/consistency/verl_vs_verl_mean"],
+                           FUSED_CHECK_THRESHOLDS[key])
             metrics["mrtpo/consistency/fused_vs_verl_warning"] = 1
 
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fields: Optional[dict] = None) -> ReplayResult:

@@ -43,7 +43,7 @@ import hashlib
 import inspect
 import textwrap
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -328,13 +328,33 @@ def check_bfcl_sources() -> list[str]:
     return changed_sources(BFCL_SOURCES, package="bfcl_eval")
 
 
-def verl_old_log_probs(config, batch, actor_rollout_wg) -> torch.Tensor:
+def reordered(batch, order: list[int]):
+    """A copy of the TransferQueue batch (``KVBatchMeta``: ``keys`` and per-sample ``tags``) with its samples in
+    ``order``: the same rows, dispatched and packed otherwise by verl's worker."""
+    import copy
+
+    out = copy.copy(batch)
+    out.keys = [batch.keys[i] for i in order]
+    tags = getattr(batch, "tags", None)
+    if tags is not None and len(tags) == len(batch.keys):
+        out.tags = [tags[i] for i in order]
+    return out
+
+
+def verl_old_log_probs(config, batch, actor_rollout_wg, order: Optional[list[int]] = None) -> torch.Tensor:
     """verl's own old log-probs of ``batch``, padded [B, T] as :func:`read_old_log_prob_batch` pads: step 1 of
     ``_compute_old_log_prob`` (the same ``extra_info`` and ``compute_log_prob`` call), then its step 2's
     ``response_from_nested``, without writing ``old_log_probs`` (the fused step writes its own). verl's call
     also leaves its ``log_probs`` / ``entropy`` fields in TransferQueue, as its own step does; the fused step
-    writes ``entropy`` after it."""
+    writes ``entropy`` after it. ``order``: run verl's call on the samples in that order (:func:`reordered`; the
+    standing check's floor), the rows returned in the batch's own order."""
     from verl.workers.utils.padding import response_from_nested
+
+    if order is not None:
+        lp = verl_old_log_probs(config, reordered(batch, order), actor_rollout_wg)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return lp[inverse]
 
     batch.extra_info.update({"calculate_entropy": True, "compute_loss": False,
                              "temperature": config.actor_rollout_ref.rollout.temperature})

@@ -44,7 +44,14 @@ class FakeTQ:
         self.put: dict = {}
 
     def kv_batch_get(self, keys, partition_id, select_fields):
-        return self.td.select(*[f for f in select_fields if f in self.td.keys()])
+        td = self.td.select(*[f for f in select_fields if f in self.td.keys()])
+        rows = [int(str(k).rsplit("_", 1)[1]) for k in keys] if all("_" in str(k) for k in keys) else None
+        if rows is None or rows == list(range(len(rows))):
+            return td
+        # keys "<uid>_<j>_<row>" asked in another order (the standing check's second call): rows in that order
+        pick = lambda v: (torch.nested.as_nested_tensor([v.unbind()[i] for i in rows], layout=torch.jagged)  # noqa: E731
+                          if v.is_nested else v[rows])
+        return TensorDict({k: pick(v) for k, v in td.items()}, batch_size=[len(rows)])
 
     def kv_batch_put(self, keys, partition_id, fields):
         self.put.update(dict(fields.items()))

@@ -123,14 +123,15 @@ def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_f
         trainer.global_steps = step
         metrics: dict = {}
         trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
-        seen[step] = {k: v for k, v in metrics.items() if "fused_vs_verl" in k}
+        seen[step] = {k: v for k, v in metrics.items() if "vs_verl" in k or "fused_check" in k}
         assert set(fake.put) >= {"old_log_probs", "entropy"}
-    assert len(verl_calls) == 3 and not seen[9]
+    assert len(verl_calls) == 6 and not seen[9]  # each check: verl's pass, and again on the rows reversed (the floor)
     for step in (7, 8, 12):
         m = seen[step]
         assert m["mrtpo/consistency/fused_vs_verl_tokens"] == sum(LENS)
         assert m["mrtpo/consistency/fused_vs_verl_max"] < 1e-5 and m["mrtpo/consistency/fused_vs_verl_p99"] <= m["mrtpo/consistency/fused_vs_verl_max"]
         assert "mrtpo/consistency/fused_vs_verl_warning" not in m
+        assert m["mrtpo/consistency/verl_vs_verl_mean"] == 0.0 and m["mrtpo/consistency/fused_check_threshold"] == 1e-2
     # a fused pass off verl's numbers (here verl's shifted by 0.05) is logged and warned about in one line
     trainer.actor_rollout_wg.compute_log_prob = _verl_compute_log_prob(fake, len(render(tok, MSGS)), want, shift=0.05)
     trainer.global_steps, metrics = 16, {}
@@ -138,7 +139,7 @@ def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_f
         trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
     assert abs(metrics["mrtpo/consistency/fused_vs_verl_mean"] - 0.05) < 1e-4 and metrics["mrtpo/consistency/fused_vs_verl_warning"] == 1
     lines = [r.getMessage() for r in caplog.records if "fused old_log_probs differ" in r.getMessage()]
-    assert len(lines) == 1 and "\n" not in lines[0] and "bf16 threshold" in lines[0]
+    assert len(lines) == 1 and "\n" not in lines[0] and "bf16 threshold" in lines[0] and "floor" in lines[0]
     # and the check off: verl's call never runs
     trainer2, _ = make_trainer(tok, model, 7, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=0")
     trainer2.actor_rollout_wg.compute_log_prob = lambda *_: pytest.fail("verl's compute_log_prob ran with the check off")
