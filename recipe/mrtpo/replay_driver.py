@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from recipe.mrtpo.config import MRTPOConfig
-from recipe.mrtpo.core.passes import FUSED_CHECK_FLOOR_FACTOR, FUSED_CHECK_THRESHOLDS, response_lengths  # noqa: F401
+from recipe.mrtpo.core.passes import response_lengths  # noqa: F401  (the trainer's)
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_p_all_plan, build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.methods.registry import replay_pass_of
@@ -185,52 +185,6 @@ def run_replay(
     result.metrics["mrtpo/replay_time_s"] = time.perf_counter() - t0
     result.metrics["mrtpo/q_top10_share"] = q_mass_top_share(result.relevance, result.replayed, response_mask)
     return result
-
-
-def fused_check_metrics(fused: torch.Tensor, verl: torch.Tensor, response_mask: torch.Tensor,
-                        valid: Optional[torch.Tensor] = None) -> dict:
-    """``mrtpo/consistency/fused_vs_verl_{mean,p99,max}``: |fused - verl's own| old log-prob over the valid
-    response tokens of the ``valid`` rows (verl's padding rows left out), and the tokens compared."""
-    m = response_mask > 0
-    if valid is not None:
-        m &= torch.as_tensor(valid, dtype=torch.bool).unsqueeze(-1)
-    T = min(fused.shape[-1], verl.shape[-1], m.shape[-1])
-    d = (fused[:, :T].float() - verl[:, :T].float()).abs()[m[:, :T]]
-    out = {"mrtpo/consistency/fused_vs_verl_tokens": int(d.numel())}
-    if d.numel():
-        sample = d if d.numel() <= 1 << 24 else d[torch.randperm(d.numel(), generator=torch.Generator().manual_seed(0))[: 1 << 24]]
-        out.update({"mrtpo/consistency/fused_vs_verl_mean": float(d.mean()),
-                    "mrtpo/consistency/fused_vs_verl_p99": float(torch.quantile(sample, 0.99)),
-                    "mrtpo/consistency/fused_vs_verl_max": float(d.max())})
-    return out
-
-
-def standing_check(fused: torch.Tensor, verl: torch.Tensor, verl_repacked: Optional[torch.Tensor],
-                   response_mask: torch.Tensor, valid: Optional[torch.Tensor], tolerance: float,
-                   factor: float = FUSED_CHECK_FLOOR_FACTOR) -> tuple[dict, bool]:
-    """The standing check of one step: is |fused - verl| old log-prob rounding, or a fault?
-
-    floor = mean |verl - verl_repacked| (verl's own pass on the same rows packed otherwise, same step, same weights):
-    what rounding alone moves a log-prob by on this model, dtype and hardware. Warn when
-
-        mean |fused - verl| > factor * floor + tolerance
-
-    (``tolerance``: the dtype's :data:`FUSED_CHECK_THRESHOLDS`, what remains when the floor measures 0, e.g. CPU
-    numerics that do not depend on the packing). Stale weights, another temperature, a row mapped to another sample
-    move the fused log-probs far above the floor; rounding keeps them at it. ``verl_repacked`` None: floor 0.
-
-    Returns the metrics (:func:`fused_check_metrics` plus ``mrtpo/consistency/verl_vs_verl_mean`` (the floor) and
-    ``mrtpo/consistency/fused_check_threshold``) and whether to warn.
-    """
-    m = fused_check_metrics(fused, verl, response_mask, valid)
-    floor = 0.0
-    if verl_repacked is not None:
-        f = fused_check_metrics(verl_repacked, verl, response_mask, valid)
-        floor = f.get("mrtpo/consistency/fused_vs_verl_mean", 0.0)
-    threshold = factor * floor + tolerance
-    m["mrtpo/consistency/verl_vs_verl_mean"] = floor
-    m["mrtpo/consistency/fused_check_threshold"] = threshold
-    return m, m.get("mrtpo/consistency/fused_vs_verl_mean", 0.0) > threshold
 
 
 def with_rollout_rows(inputs: dict, samples: list[int], rollout_prompts, responses: torch.Tensor,

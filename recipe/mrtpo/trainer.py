@@ -45,10 +45,11 @@ from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.advantage import top_token_share
 from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.core.seeding import submission_order
+from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
-from recipe.mrtpo.replay_driver import FUSED_CHECK_THRESHOLDS, ReplayResult, run_replay, standing_check
+from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender, tools_key
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -379,7 +380,7 @@ class MRTPOTrainer(PPOTrainerSync):
 
     def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, verl_lp2: Optional[torch.Tensor], ob, batch,
                      metrics: dict) -> None:
-        """Log ``mrtpo/consistency/*`` and warn in one line above the step's floor (``replay_driver.standing_check``)."""
+        """Log ``mrtpo/consistency/*`` and warn in one line above the step's floor (``core.standing_check``)."""
         from omegaconf import OmegaConf
 
         dtype = OmegaConf.select(self.config, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", default=None)

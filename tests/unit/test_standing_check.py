@@ -1,4 +1,4 @@
-"""The standing check tells a fault from rounding (``replay_driver.standing_check``): calibrated on the floor measured
+"""The standing check tells a fault from rounding (``core.standing_check``): calibrated on the floor measured
 in the same step (verl's own pass against itself packed otherwise), it stays quiet on real bf16 repacking noise and
 warns on a planted fault: stale weights, a shifted temperature, a row mapped to another sample.
 
@@ -16,9 +16,9 @@ import copy
 import pytest
 import torch
 
-from recipe.mrtpo.core.passes import FUSED_CHECK_THRESHOLDS, PassSettings
+from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance
-from recipe.mrtpo.replay_driver import standing_check
+from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
 
 R, VOCAB = 8, 512
 

@@ -127,16 +127,6 @@ ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[
 
 LAYOUTS = ("padded", "sorted", "packed", "single")
 PACKED_ATTENTIONS = ("varlen", "block_mask")
-#: mean |fused - verl's own| old log-prob above which the trainer's standing check (``mrtpo.fused_check_every``)
-#: warns, by the actor's parameter dtype. The fused pass computes verl's numbers (CPU, tiny Qwen2: fp32 to ~1e-6;
-#: bf16 bitwise on verl's CPU numerics, mean ~1e-5 / max ~5e-4 with fp32 log-probs, the forwards padding the
-#: sequences differently); a wrong temperature rounding, row mapping or layout is far above (docs/fused_pass.md).
-FUSED_CHECK_THRESHOLDS = {"fp32": 1e-4, "bf16": 1e-2}
-#: the standing check warns above FUSED_CHECK_FLOOR_FACTOR x the floor measured in the same step (verl's own pass
-#: against itself on the batch in another order, i.e. packed otherwise) + the dtype's threshold above: at 7B in
-#: bf16 on an H200 verl's pass differs from itself by 2.7e-2..4.1e-2 under another packing, as much as the fused
-#: pass differs from it (4.0e-2), so a fixed threshold cannot tell rounding from a fault at every scale
-FUSED_CHECK_FLOOR_FACTOR = 2.0
 #: dtypes a reduction's output may be rounded to (:func:`round_to`)
 REDUCTION_DTYPES = ("float32", "bfloat16", "float16")
 
