@@ -147,7 +147,9 @@ _mrtpo_size() {
     3b)
       MODEL_SIZE=3B
       ROLLOUT_TP=1             # ~6 GB of bf16 weights: one GPU per engine
-      PPO_MAX_TOKENS=16384     # ~5 x 3072; activations of 36 layers with gradient checkpointing
+      PPO_MAX_TOKENS=24576     # 7B's budget: with gradient checkpointing a token's saved activations scale with
+                               # layers x hidden, 36 x 2048 for Qwen2.5-3B against 28 x 3584 for 7B (0.73 x), and
+                               # its weights, gradients and Adam states are 0.4 x: what fits 7B fits 3B
       LOGPROB_MAX_TOKENS=32768
       ;;
     7b)
@@ -402,6 +404,9 @@ mrtpo_launch() {
     # --- reference policy (for the KL loss) --------------------------------------------------------------
     actor_rollout_ref.ref.strategy=fsdp2              # always CPU-offloaded by verl (see _mrtpo_size)
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKENS"
+    actor_rollout_ref.ref.fsdp_config.model_dtype=bf16  # verl's default holds the frozen reference in fp32 (offloaded to
+                                                        # CPU, copied in per forward): bf16 halves both; its forward runs
+                                                        # in bf16 either way (the actor's mixed precision)
     # --- rollout (vLLM) ----------------------------------------------------------------------------------
     actor_rollout_ref.rollout.name=vllm
     actor_rollout_ref.rollout.n=4                     # responses per prompt (GDPO's setup)

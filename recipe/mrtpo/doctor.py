@@ -2,6 +2,7 @@
 
 Checks, each one line (``ok`` / ``MISSING`` / ``DIFFERS`` / ``note``):
 
+- the NVIDIA driver (``nvidia-smi``) against the CUDA 13 builds of the GPU pins (driver >= 580);
 - Python and the packages verl drives (verl, vLLM, torch and its CUDA build, transformers, flash-attn,
   numpy, TransferQueue, Ray, bfcl-eval), installed version beside the GPU pin of ``requirements-gpu.txt``;
 - CUDA devices (name, memory) or "no CUDA";
@@ -122,6 +123,14 @@ def python_line(gpu: bool) -> Line:
     return Line("ok" if inside else ("DIFFERS" if gpu else "note"), "python", text, gpu and not inside)
 
 
+def _torch_cuda() -> Optional[str]:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.version.cuda
+
+
 def cuda_lines(gpu: bool) -> list[Line]:
     try:
         import torch
@@ -180,6 +189,43 @@ def seam_lines() -> list[Line]:
     return lines
 
 
+#: torch 2.11 and vLLM 0.24 of requirements-gpu.txt are CUDA 13 builds: they need an NVIDIA driver of this major or newer
+MIN_DRIVER_CUDA13 = 580
+
+
+def nvidia_driver() -> Optional[str]:
+    """The NVIDIA driver's version (``nvidia-smi``), or None where there is no ``nvidia-smi`` or it fails."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else ""
+    return first or None
+
+
+def driver_line(gpu: bool, version: Optional[str], cuda_build: Optional[str]) -> Line:
+    """The driver against what the CUDA build of torch needs (CUDA 13: :data:`MIN_DRIVER_CUDA13` or newer)."""
+    if version is None:
+        return Line("MISSING" if gpu else "note", "NVIDIA driver", "no nvidia-smi answered", gpu)
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return Line("DIFFERS" if gpu else "note", "NVIDIA driver", f"unreadable version {version!r}", gpu)
+    cuda13 = bool(cuda_build) and str(cuda_build).split(".")[0] == "13"
+    if (cuda13 or cuda_build is None) and major < MIN_DRIVER_CUDA13:
+        return Line("DIFFERS" if gpu else "note", "NVIDIA driver",
+                    f"{version}: the GPU stack's torch 2.11 / vLLM 0.24 are CUDA 13 builds and need driver "
+                    f">= {MIN_DRIVER_CUDA13} (update the driver, or install CUDA 12 builds of torch and vLLM)", gpu)
+    return Line("ok", "NVIDIA driver", f"{version} (CUDA 13 builds need >= {MIN_DRIVER_CUDA13})", gpu)
+
+
 def report(gpu: bool) -> tuple[list[str], int]:
     pins = gpu_pins()
     with warnings.catch_warnings():  # verl's import-time notices (engines absent, no accelerator) are not findings
@@ -188,7 +234,7 @@ def report(gpu: bool) -> tuple[list[str], int]:
         try:
             sections = [
                 ("python and packages", [python_line(gpu), *package_lines(gpu, pins)]),
-                ("accelerators", cuda_lines(gpu)),
+                ("accelerators", [*cuda_lines(gpu), driver_line(gpu, nvidia_driver(), _torch_cuda())]),
                 ("offline assets", asset_lines()),
                 ("verl internals the recipe relies on", seam_lines()),
             ]

@@ -77,7 +77,7 @@ MULTI_TURN_OTHER_ALGOS = ("grpo", "gdpo", "shuffle", "gdpo-distill", "sdpo")  # 
 CUSTOM_PATHS = {"qwen3b_toolcall", "qwen1.5b_text2sql"}
 EXTRA = ["trainer.test_freq=7", "data.train_batch_size=64"]  # the script sets 10 and 512: the extras must win
 DRY_TIMEOUT_S = 600  # ~10 s on a quiet machine; minutes when the machine is shared
-PPO_TOKENS = {"1.5b": 24576, "3b": 16384, "7b": 24576}
+PPO_TOKENS = {"1.5b": 24576, "3b": 24576, "7b": 24576}
 LOGPROB_TOKENS = {"1.5b": 32768, "3b": 32768, "7b": 24576}
 # every seed verl 0.9.1 and the recipe read for a run of these scripts (SEED sets them all)
 # the seeds SEED sets for every method (mrtpo.seed only where the method reads it: the seed-per-method test below)
@@ -223,6 +223,8 @@ def test_dry_run_config(dry_runs, name):
     est, mode, shuffle = ALGO_EXPECT[algo]
     arr = cfg["actor_rollout_ref"]
 
+    # the frozen reference in bf16 (verl's default fp32 doubles its CPU copy and per-forward transfer)
+    assert arr["ref"]["fsdp_config"]["model_dtype"] == "bf16"
     # method switches
     assert cfg["algorithm"]["adv_estimator"] == est
     assert cfg["mrtpo"]["mode"] == mode

@@ -66,3 +66,17 @@ def test_gpu_pins_are_read_from_the_pinned_file(tmp_path):
     if not doctor.GPU_REQUIREMENTS.is_file():
         pytest.fail("requirements-gpu.txt is missing from the repository")
     assert pins["verl"] == "0.9.1" and pins["torch"] == "2.11.0" and pins["vllm"] == "0.24.0"
+
+
+def test_the_driver_line_checks_what_cuda_13_builds_need():
+    from recipe.mrtpo.doctor import MIN_DRIVER_CUDA13, driver_line
+
+    assert MIN_DRIVER_CUDA13 == 580
+    ok = driver_line(True, "580.65.06", "13.0")
+    assert ok.status == "ok" and "580.65.06" in ok.detail
+    old = driver_line(True, "550.54.15", "13.0")
+    assert old.status == "DIFFERS" and old.counts and ">= 580" in old.detail and "550.54.15" in old.detail
+    assert driver_line(True, "550.54.15", "12.8").status == "ok"  # a CUDA 12 build runs on it
+    assert driver_line(True, None, "13.0").status == "MISSING" and driver_line(True, None, "13.0").counts
+    assert driver_line(False, None, None).status == "note" and not driver_line(False, None, None).counts
+    assert driver_line(True, "garbage", "13.0").status == "DIFFERS"
