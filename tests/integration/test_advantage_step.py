@@ -46,11 +46,16 @@ class FakeTQ:
     def kv_batch_get(self, keys, partition_id, select_fields):
         td = self.td.select(*[f for f in select_fields if f in self.td.keys()])
         rows = [int(str(k).rsplit("_", 1)[1]) for k in keys] if all("_" in str(k) for k in keys) else None
-        if rows is None or rows == list(range(len(rows))):
-            return td
+        if rows is None or sorted(rows) != list(range(len(rows))) or rows == list(range(len(rows))):
+            return td  # keys in the batch's own order (or not "<uid>_<j>_<row>" keys at all)
         # keys "<uid>_<j>_<row>" asked in another order (the standing check's second call): rows in that order
-        pick = lambda v: (torch.nested.as_nested_tensor([v.unbind()[i] for i in rows], layout=torch.jagged)  # noqa: E731
-                          if v.is_nested else v[rows])
+        def pick(v):
+            if isinstance(v, torch.Tensor) and v.is_nested:
+                return torch.nested.as_nested_tensor([v.unbind()[i] for i in rows], layout=torch.jagged)
+            if isinstance(v, torch.Tensor):
+                return v[rows]
+            return NonTensorStack(*[v[i] for i in rows])
+
         return TensorDict({k: pick(v) for k, v in td.items()}, batch_size=[len(rows)])
 
     def kv_batch_put(self, keys, partition_id, fields):
