@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from data_prep.common import SkipLog, make_row, progress
+from recipe.mrtpo.node_files import relative_to_root
 
 __all__ = [
     "ABILITY",
@@ -163,7 +164,7 @@ def sql_row(
     evidence = record.get(ev_key) if ev_key else None
     prompt = sql_prompt(schema_text(str(db_path), sample_rows), record[q_key],
                         evidence if isinstance(evidence, str) else None)
-    ground_truth = {"db_path": str(db_path), "gold_sql": record[gold_key].strip()}
+    ground_truth = {"db_path": relative_to_root(db_path), "gold_sql": record[gold_key].strip()}
     extra = {
         "split": split,
         "index": 0,  # renumbered per split on writing

@@ -4,7 +4,8 @@ Each row's single user message shows the database schema (the ``CREATE`` stateme
 ``sqlite_master``, optionally ``--sample-rows N`` rows of every table), the question, BIRD's
 ``evidence`` as "External knowledge" when it is non-empty, and the output-format instruction
 :data:`recipe.mrtpo.tasks.text_to_sql.SQL_FORMAT_INSTRUCTION` verbatim (the ``format`` reward's Z_k).
-``reward_model.ground_truth`` is the verifier's ``{"db_path": <absolute path>, "gold_sql": str}``;
+``reward_model.ground_truth`` is the verifier's ``{"db_path": <path>, "gold_sql": str}``, the
+path relative to the data root (``$MRTPO_DATA_ROOT``, default ``data/``) when the database lies under it;
 ``extra_info`` holds ``split``, ``index``, ``id``, ``db_id``, ``category``, ``difficulty`` (and
 ``sql_timeout_s`` with ``--sql-timeout-s``, which the verifier reads). The rows are built by
 :mod:`data_prep.sql_rows`, for every source.

@@ -441,6 +441,8 @@ mrtpo_launch() {
     "trainer.logger=[console]"        # add wandb with: 'trainer.logger=[console,wandb]'
     # Ray workers (on every node) import the recipe from the repository.
     "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
+    # ... and resolve the rows' files (SQL databases) against the same data root (README: node-local files).
+    "++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_DATA_ROOT='${MRTPO_DATA_ROOT:-$MRTPO_ROOT/data}'"
   )
 
   args+=("${TASK_ARGS[@]}" "${SEED_ARGS[@]}")

@@ -1,6 +1,8 @@
 """Text-to-SQL verifier: three rewards per response (docs/design.md §2).
 
-``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``.
+``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``;
+``db_path`` relative to the data root (``node_files``: ``$MRTPO_DATA_ROOT``) or absolute. A database that is not
+there raises one line naming the file and the node, which the reward manager counts (never a reward of 0).
 The answer is the **last** fenced ```sql block of the response (language tag case-insensitive, ``sqlite``
 accepted too). If the last ```sql fence is never closed (a truncated answer), there is no valid block.
 
@@ -57,12 +59,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from typing import Any, Optional
 
 import sqlglot
 from sqlglot import exp
 
+from recipe.mrtpo.node_files import missing_line, resolve
 from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
 from recipe.mrtpo.tasks.sql_compare import (
     DEFAULT_SQL_MODE,
@@ -252,7 +256,10 @@ def _score_response(text: str, db_path: str, gold_sql: str, mode: str, limits: d
 
 def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) -> RewardResult:
     """Score one response on ``format``, ``executable`` and ``execution_match`` (module docstring)."""
-    db_path, gold_sql = _parse_ground_truth(ground_truth)
+    stored_path, gold_sql = _parse_ground_truth(ground_truth)
+    db_path = resolve(stored_path)
+    if not os.path.isfile(db_path):  # a missing database is an error the reward manager counts, never a 0
+        raise FileNotFoundError(missing_line(db_path, stored_path))
     extra = extra_info if isinstance(extra_info, dict) else {}
     mode = _sql_mode(extra)
     instruction = extra.get("format_instruction")

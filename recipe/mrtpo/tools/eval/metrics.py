@@ -57,6 +57,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from recipe.mrtpo.node_files import DATA_ROOT_ENV, resolve
+
 __all__ = ["TASK_FAMILY", "FAMILY_DATA_SOURCES", "family_of", "score_response", "validate_ground_truth", "aggregate"]
 
 #: evaluation task -> verifier family
@@ -206,7 +208,7 @@ def validate_ground_truth(family: str, ground_truth: Any, extra_info: Optional[d
     """Raise ValueError if a row cannot be scored (checked before any generation).
 
     Scores an empty response (which runs no SQL), and for text-to-SQL also checks that the database
-    file exists (builders store absolute paths: a moved ``data/`` must be rebuilt).
+    file exists (resolved against ``$MRTPO_DATA_ROOT``; a database outside it is stored absolute).
     """
     if family == "multi_turn":  # the verifier's and the agent loop's readings of the row (no checker run)
         from recipe.mrtpo.agent.bfcl_env import parse_entry
@@ -215,12 +217,13 @@ def validate_ground_truth(family: str, ground_truth: Any, extra_info: Optional[d
         question_from_row(ground_truth, extra_info)
         parse_entry(extra_info)
         return
-    score_response(family, "", ground_truth, extra_info)
     if family == "sql":
         gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
-        db_path = gt["db_path"]
-        if not os.path.isfile(db_path):
-            raise ValueError(f"database file not found: {db_path} (data moved? rebuild it with data_prep)")
+        db_path = resolve(gt["db_path"]) if isinstance(gt, dict) and isinstance(gt.get("db_path"), str) else None
+        if db_path is not None and not os.path.isfile(db_path):
+            raise ValueError(f"database file not found: {db_path} (data moved, or {DATA_ROOT_ENV} not the data "
+                             "root? rebuild it with data_prep)")
+    score_response(family, "", ground_truth, extra_info)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""Files a worker reads on its own node: resolved against one documented data root, checked, never a silent 0.
+
+Reward and agent-loop workers run on every node of a Ray cluster (verl 0.9.1's ``reward_loop.py``,
+``agent_loop.py``), so a file a row names (a SQL database, a BFCL asset, a tool config) must exist on each node.
+Rows store such paths relative to the data root; every worker resolves them against ``$MRTPO_DATA_ROOT`` (default:
+the repository's ``data/``), which the run scripts pass to every worker through Ray's runtime env. A path that is
+absolute stays as it is. A file that is not there is reported in one line naming the file and the node
+(:func:`missing_line`): before the first step by the node check, and during the run as a counted verifier error
+(``mrtpo/verifier_errors``), never as a reward of 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+
+DATA_ROOT_ENV = "MRTPO_DATA_ROOT"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def data_root() -> Path:
+    """``$MRTPO_DATA_ROOT`` when set (and not empty), else the repository's ``data/``."""
+    env = os.environ.get(DATA_ROOT_ENV, "").strip()
+    return Path(env).expanduser() if env else _REPO / "data"
+
+
+def resolve(path: str) -> str:
+    """An absolute path for ``path``: relative paths are under :func:`data_root`, absolute ones stay."""
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else data_root() / p)
+
+
+def relative_to_root(path: str | Path, root: Path | None = None) -> str:
+    """How a row stores ``path``: relative to the data root when it lies under it, else absolute."""
+    p = Path(path).resolve()
+    base = Path(root if root is not None else data_root()).resolve()
+    try:
+        return p.relative_to(base).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def node_name() -> str:
+    """This node's host name (the name a one-line error gives)."""
+    return socket.gethostname()
+
+
+def missing_line(path: str, stored: str | None = None) -> str:
+    """One line: which file is missing on which node (and the data root it was resolved against)."""
+    shown = path if stored is None or stored == path else f"{path} (row: {stored})"
+    return (f"mrtpo: file not found on node {node_name()}: {shown}; "
+            f"{DATA_ROOT_ENV}={data_root()} (set it to the same data on every node)")
+
+
+def first_missing(paths: Iterable[str]) -> str | None:
+    """:func:`missing_line` for the first of ``paths`` (as rows store them) missing here, or None."""
+    for stored in paths:
+        if not os.path.isfile(resolve(stored)):
+            return missing_line(resolve(stored), stored)
+    return None
