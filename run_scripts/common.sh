@@ -12,7 +12,7 @@
 #   ALGO             the method (default mrtpo), one of `python3 -m recipe.mrtpo.methods names`; its overrides
 #                    come from the methods registry (recipe/mrtpo/methods/, `python3 -m recipe.mrtpo.methods` lists
 #                    them) and switch only what differs:
-#                      grpo    algorithm.adv_estimator=grpo   (one summed reward, verl's GRPO)
+#                      grpo    algorithm.adv_estimator=grpo   (verl's GRPO on the mean of the sample's rewards)
 #                      gdpo    algorithm.adv_estimator=gdpo   (per-reward group normalisation, no replay)
 #                      mrtpo   algorithm.adv_estimator=mrtpo  (GDPO + per-reward token relevance, the method)
 #                      cort    mrtpo + mrtpo.mode=cort        (CoRT-style joint replay baseline)

@@ -79,7 +79,10 @@ OPSD = Method("opsd", "OPSD (its paper's objective): JSD_beta over the teacher's
               advantage=gdpo_advantage, after_step=HOOK,
               checks=(check_per_reward_step, check_module_forward, check_opsd),
               no_privileged=lambda metrics: ("no privileged information", OPSD_WITHOUT_PRIVILEGED),
-              settings=("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"))
+              settings=("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
+                        # the reference's aggregation: each sequence's JSD averaged over its own tokens (one sequence
+                        # per device and micro-batch there), then the mean over sequences (docs/opsd.md)
+                        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"))
 
 GDPO_DISTILL = Method("gdpo-distill", "GDPO + c x verl's top-k forward KL (or an estimator) to the live policy under "
                       "P_all: not OPSD (docs/opsd.md)", "gdpo",
