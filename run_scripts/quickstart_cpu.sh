@@ -4,6 +4,7 @@
 # the last checkpoint, evaluates the initial and the trained model on a few IFEval prompts and builds the
 # report (table + figures) from its own runs folder (recipe/mrtpo/cpu/quickstart.py).
 #   bash run_scripts/quickstart_cpu.sh [--steps 3] [--out outputs/quickstart] [--eval-items 8]
+#   MODEL=smollm2 bash run_scripts/quickstart_cpu.sh   # the same loop on SmolLM2-135M-Instruct (real instruct model; slower)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
