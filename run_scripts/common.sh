@@ -38,6 +38,8 @@
 #                               mix with this project's reward); validation sets as for offline
 #                      toolrl   toolcall only: data/toolrl_reward (ToolRL's 4k mix, ToolRL's prompt and reward form, as GDPO's run)
 #                    Relative paths are taken from the directory you call the script from.
+#   CHECKPOINT_ROOT  where checkpoints go (default <repo>/checkpoints): with NNODES > 1 it must be storage every node
+#                    shares (each rank writes its own shard there; export and resume refuse missing shards).
 #   NNODES           nodes (default 1). More than one: start a Ray cluster over the nodes first (`ray start
 #                    --head` on one, `ray start --address=<head>:6379` on the others; the repository at the
 #                    same path on every node), then run the script on the head node.
@@ -428,7 +430,7 @@ mrtpo_launch() {
     "trainer.n_gpus_per_node=$ngpus"
     "trainer.project_name=$project"
     "trainer.experiment_name=$experiment"
-    "trainer.default_local_dir='$MRTPO_ROOT/checkpoints/$project/$experiment'"  # checkpoints + relevance dumps, per seed
+    "trainer.default_local_dir='${CHECKPOINT_ROOT:-$MRTPO_ROOT/checkpoints}/$project/$experiment'"  # checkpoints + relevance dumps, per seed
     trainer.total_training_steps=100  # ~GDPO's run (15 epochs of ToolRL's 4k rows at 512 ~ 105 steps), the same
     trainer.total_epochs=100          # for every task whatever its size: >= 1 step per epoch, so the steps decide
     trainer.val_before_train=True     # step-0 scores of the base model

@@ -41,6 +41,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import methods, verl_seam
+from recipe.mrtpo.checkpoint_shards import missing_shards_line
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.advantage import top_token_share
 from recipe.mrtpo.core.render_cache import CachedRender
@@ -341,6 +342,16 @@ class MRTPOTrainer(PPOTrainerSync):
             return False
         corr = self.config.algorithm.get("rollout_correction", None)
         return not (corr and corr.get("bypass_mode", False))
+
+    def _load_checkpoint(self):
+        """verl's resume, after refusing a checkpoint whose model shards are not all readable here
+        (``checkpoint_shards``: node-local ``default_local_dir`` with NNODES > 1)."""
+        folder = verl_seam.resume_folder(self.config)
+        if folder is not None:
+            refusal = missing_shards_line(os.path.join(folder, "actor"))
+            if refusal:
+                raise RuntimeError("mrtpo: cannot resume: " + refusal)
+        return super()._load_checkpoint()
 
     def _compute_old_log_prob(self, batch, metrics: dict):
         """verl's old_log_prob step, fused with the replay where the replay runs (``_fuses_old_log_prob``):

@@ -328,6 +328,24 @@ def check_bfcl_sources() -> list[str]:
     return changed_sources(BFCL_SOURCES, package="bfcl_eval")
 
 
+def resume_folder(config) -> Optional[str]:
+    """The ``global_step_<N>`` folder verl 0.9.1's v1 ``_load_checkpoint`` will resume from (its step 1, re-stated:
+    ``resume_mode`` disable / auto (the latest under ``default_local_dir``) / resume_path), or None. Its source is
+    pinned in :data:`SDPO_SOURCES` (``PPOTrainer._load_checkpoint``)."""
+    import os
+
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    mode = config.trainer.resume_mode
+    if mode == "auto":
+        folder = config.trainer.default_local_dir
+        return find_latest_ckpt_path(folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder))
+    if mode == "resume_path" and isinstance(config.trainer.resume_from_path, str):
+        folder = config.trainer.resume_from_path
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+    return None
+
+
 def reordered(batch, order: list[int]):
     """A copy of the TransferQueue batch (``KVBatchMeta``: ``keys`` and per-sample ``tags``) with its samples in
     ``order``: the same rows, dispatched and packed otherwise by verl's worker."""

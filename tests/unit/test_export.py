@@ -95,3 +95,49 @@ def test_export_refuses_non_empty_out_and_cli_says_one_line(tmp_path, tiny_model
     assert main([str(tmp_path / "ckpt"), "--out", str(out), "--overwrite"]) == 0
     assert (out / "config.json").is_file() and not (out / "keep.txt").exists()
     assert main([str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_export_and_resume_refuse_a_checkpoint_with_missing_shards(tmp_path, tiny_model, capsys):
+    """A node-local default_local_dir with NNODES > 1: this node holds ranks 0-1 of 4. One line: found, expected."""
+    from types import SimpleNamespace
+
+    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.checkpoint_shards import missing_shards_line, shard_counts
+
+    step = tmp_path / "ckpt" / "global_step_3"
+    _fake_actor(step, tiny_model, world_size=4)
+    for rank in (2, 3):
+        (step / "actor" / f"model_world_size_4_rank_{rank}.pt").unlink()
+    assert shard_counts(step / "actor") == ({0, 1}, 4)
+    capsys.readouterr()
+    assert main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 of 4 model shards found" in err[0] and "ranks 2, 3 missing" in err[0], err
+    assert not (tmp_path / "hf").exists()
+    # the resume finds the same folder verl's _load_checkpoint would (latest_checkpointed_iteration.txt) and refuses it
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("3")
+    cfg = SimpleNamespace(trainer=SimpleNamespace(resume_mode="auto", default_local_dir=str(tmp_path / "ckpt"),
+                                                  resume_from_path=None))
+    folder = verl_seam.resume_folder(cfg)
+    assert folder is not None and Path(folder) == step
+    assert "2 of 4 model shards found" in missing_shards_line(Path(folder) / "actor")
+    cfg.trainer.resume_mode = "disable"
+    assert verl_seam.resume_folder(cfg) is None
+    _fake_actor(tmp_path / "ok" / "global_step_1", tiny_model, world_size=2)
+    assert missing_shards_line(tmp_path / "ok" / "global_step_1" / "actor") == ""
+
+
+def test_the_trainers_resume_refuses_missing_shards_before_verl_loads(tmp_path, tiny_model, monkeypatch):
+    from types import SimpleNamespace
+
+    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.trainer import MRTPOTrainer
+
+    step = tmp_path / "global_step_2"
+    _fake_actor(step, tiny_model, world_size=2)
+    (step / "actor" / "model_world_size_2_rank_1.pt").unlink()
+    monkeypatch.setattr(verl_seam, "resume_folder", lambda config: str(step))
+    trainer = MRTPOTrainer.__new__(MRTPOTrainer)
+    trainer.config = SimpleNamespace()
+    with pytest.raises(RuntimeError, match=r"cannot resume: .*1 of 2 model shards found"):
+        trainer._load_checkpoint()

@@ -1,47 +1,40 @@
-"""The quickstart's --model choice: SmolLM2 is linked (never written), the tiny builder never writes through an
-earlier link, a missing asset is a clear error, and the run names follow the model."""
+"""``quickstart --model``: what each model's run computes (no launch; the launch itself is the quickstart)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from recipe.mrtpo.cpu import quickstart as Q
-from recipe.mrtpo.cpu import smollm2, tiny_model
+from recipe.mrtpo.cpu import quickstart as qs
 
 
-def test_smollm2_is_linked_then_tiny_replaces_the_link(tmp_path, monkeypatch):
-    src = tmp_path / "assets" / "smollm2-135m-instruct"
-    src.mkdir(parents=True)
-    (src / "config.json").write_text("{}")
-    out = tmp_path / "out"
-    (out / "model").mkdir(parents=True)  # an earlier tiny quickstart's model
-    monkeypatch.setattr(smollm2, "require", lambda assets=None: src)
-    m = Q.model_folder(out, "smollm2")
-    assert m.is_symlink() and m.resolve() == src.resolve()
-
-    built = []
-
-    def fake_build(dest):
-        assert not dest.is_symlink() and not dest.exists(), "the tiny builder would write through the link"
-        dest.mkdir()
-        built.append(dest)
-        return dest
-
-    monkeypatch.setattr(tiny_model, "build_tiny_qwen2", fake_build)
-    assert Q.model_folder(out, "tiny") == out / "model" and built
-    assert sorted(p.name for p in src.iterdir()) == ["config.json"]  # the asset untouched
+def _get(overrides, key):
+    vals = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+    assert len(vals) == 1, (key, vals)  # Hydra refuses a key given twice
+    return vals[0]
 
 
-def test_missing_asset_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("MRTPO_ASSETS", str(tmp_path / "nothing"))
-    with pytest.raises(Q.QuickstartError, match="setup.sh"):
-        Q.model_folder(tmp_path / "out", "smollm2")
+@pytest.mark.parametrize("model", sorted(qs.MODELS))
+def test_each_model_sets_its_own_length_rate_and_run_name(model, tmp_path):
+    o = qs.overrides(Path("/m"), Path("/d.parquet"), tmp_path, 3, model)
+    spec = qs.MODELS[model]
+    assert int(_get(o, "data.max_response_length")) == spec["response_length"]
+    assert float(_get(o, "actor_rollout_ref.actor.optim.lr")) == spec["lr"]
+    assert _get(o, "trainer.experiment_name") == qs.run_name(model) == f"{spec['name']}_instruction_following_mrtpo_seed0"
+    assert qs.base_name(model).endswith("_instruction_following_base")
 
 
-def test_run_names_follow_the_model(tmp_path):
-    assert Q.run_names("tiny") == (Q.RUN_NAME, Q.BASE_NAME)
-    run, base = Q.run_names("smollm2")
-    assert run.startswith("smollm2-135m_") and base.startswith("smollm2-135m_")
-    assert f"trainer.experiment_name={run}" in Q.overrides(tmp_path / "m", tmp_path / "d", tmp_path, 2, run)
-    with pytest.raises(Q.QuickstartError, match="unknown model"):
-        Q.run_names("gpt")
+def test_smollm2_trains_a_pretrained_model_gently_on_constraints_with_a_span():
+    tiny, smol = qs.MODELS["tiny"], qs.MODELS["smollm2"]
+    assert smol["lr"] <= 1e-5 < tiny["lr"]  # the tiny model's 1e-3 would wreck pretrained weights in 3 steps
+    assert {"startend:end_checker", "detectable_format:title"} <= set(smol["constraints"].split(","))
+    from data_prep.instruction_following import constraint_pool
+
+    constraint_pool(smol["constraints"])  # composable ids the builder accepts
+
+
+def test_a_missing_asset_says_to_run_setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("MRTPO_ASSETS", str(tmp_path / "none"))
+    with pytest.raises(qs.QuickstartError, match="run_scripts/setup.sh"):
+        qs.build_inputs(tmp_path / "out", "smollm2")

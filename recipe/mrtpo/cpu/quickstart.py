@@ -1,7 +1,6 @@
 """The CPU quickstart: a few MRTPO steps through verl's real loop on a tiny model, then export, evaluation, report.
 
-    python -m recipe.mrtpo.cpu.quickstart [--out outputs/quickstart] [--steps 3] [--timeout 900] [--eval-items 8]
-                                          [--model tiny|smollm2]   (default: $MODEL, else tiny)
+    python -m recipe.mrtpo.cpu.quickstart [--model tiny|smollm2] [--out outputs/quickstart] [--steps 3] [--timeout 900] [--eval-items 8]
 
 (``bash run_scripts/quickstart_cpu.sh`` runs the setup first, then this.) It builds the tiny random
 Qwen2 with the real Qwen2 tokenizer, a small instruction-following set whose constraints a random model
@@ -16,50 +15,53 @@ the same commands a GPU run uses (each printed before it runs):
    initial model (``base``) and the trained one (greedy, 32 new tokens: a random model's answers are noise);
 3. ``python -m recipe.mrtpo.tools.report <out>/runs``: the table (labelled as a subset) and the figures.
 
-Everything lands under ``--out``::
+``--model smollm2`` (``MODEL=smollm2 bash run_scripts/quickstart_cpu.sh``) runs the same loop on
+SmolLM2-135M-Instruct (:mod:`recipe.mrtpo.cpu.smollm2`, provisioned by setup), a real instruct model that reads its
+prompt, with constraints whose checkers read a span (end phrase, title, postscript) beside one that reads the whole
+response (no commas), 96-token responses and a learning rate for a pretrained model: its heatmap shows where q
+falls on a model that reads the constraint. It costs several times the tiny model's loop (README, quickstart).
+
+Everything lands under ``--out`` (run names start with the model's name)::
 
     runs/tiny-qwen2_instruction_following_mrtpo_seed0/main_mrtpo.log   verl's console log (the report reads it)
     runs/tiny-qwen2_instruction_following_mrtpo_seed0/eval/ifeval.json  the trained model's evaluation
     runs/tiny-qwen2_instruction_following_base/eval/ifeval.json         the initial model's evaluation
     runs/report/{table.md, curves__*.png|pdf, threshold__*.png|pdf, summary.json}
     checkpoints/global_step_<steps>/actor   model/ (initial)   model_trained/ (exported)   relevance_heatmap.html
-
-``--model smollm2`` (or ``MODEL=smollm2 bash run_scripts/quickstart_cpu.sh``) runs the same loop on
-SmolLM2-135M-Instruct, the real instruct model setup provisions (``recipe.mrtpo.cpu.smollm2``): ``model/`` is then
-a link to ``.assets/smollm2-135m-instruct`` and the runs are named ``smollm2-135m_...``. Its heatmap shows q on the
-tokens the constraints' checkers read; it costs several times the tiny model's wall time on 2 cores (README).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[3]
-#: the run's folder and experiment name, as the run scripts name theirs (<model>_<task>_<method>_seed<k>)
-RUN_NAME = "tiny-qwen2_instruction_following_mrtpo_seed0"
-BASE_NAME = "tiny-qwen2_instruction_following_base"
-#: --model choices -> the model's short name in the run names
-MODELS = {"tiny": "tiny-qwen2", "smollm2": "smollm2-135m"}
 EVAL_TASK = "ifeval"
+#: per model: the run's name prefix (<model>_<task>_<method>_seed<k>, as the run scripts name theirs), the training
+#: constraints, the response length (training and evaluation) and the learning rate
+MODELS = {
+    "tiny": {"name": "tiny-qwen2", "constraints": "random_passable", "response_length": 24, "eval_tokens": 32, "lr": 1e-3},
+    "smollm2": {"name": "smollm2-135m", "response_length": 96, "eval_tokens": 96, "lr": 1e-5,
+                "constraints": "startend:end_checker,detectable_format:title,detectable_content:postscript,punctuation:no_comma"},
+}
+
+
+def run_name(model: str) -> str:
+    return f"{MODELS[model]['name']}_instruction_following_mrtpo_seed0"
+
+
+def base_name(model: str) -> str:
+    return f"{MODELS[model]['name']}_instruction_following_base"
 
 
 class QuickstartError(RuntimeError):
     pass
-
-
-def run_names(model: str) -> tuple[str, str]:
-    """(trained run, base run) folder names for a ``--model`` choice."""
-    if model not in MODELS:
-        raise QuickstartError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
-    short = MODELS[model]
-    return f"{short}_instruction_following_mrtpo_seed0", f"{short}_instruction_following_base"
 
 
 def preflight(out: Path, need_disk_gib: float = 4.0, need_mem_gib: float = 9.0) -> None:
@@ -87,35 +89,24 @@ def preflight(out: Path, need_disk_gib: float = 4.0, need_mem_gib: float = 9.0) 
         raise QuickstartError("offline assets missing (.assets/qwen/qwen.tiktoken) -- run: bash run_scripts/setup.sh")
 
 
-def model_folder(out: Path, model: str) -> Path:
-    """``<out>/model``: the tiny Qwen2 built there, or a link to the provisioned SmolLM2 folder (never written)."""
-    dest = out / "model"
-    if dest.is_symlink():
-        dest.unlink()  # an earlier smollm2 quickstart's link: the tiny builder must never write through it
-    if model == "smollm2":
+def build_inputs(out: Path, which: str = "tiny") -> tuple[Path, Path]:
+    if which == "smollm2":
         from recipe.mrtpo.cpu import smollm2
 
         try:
-            src = smollm2.require()
+            model = smollm2.require()
         except FileNotFoundError as e:
             raise QuickstartError(str(e)) from None
-        shutil.rmtree(dest, ignore_errors=True)  # an earlier tiny quickstart's model
-        out.mkdir(parents=True, exist_ok=True)
-        dest.symlink_to(src, target_is_directory=True)
-        print(f"[quickstart] model: SmolLM2-135M-Instruct ({src})", flush=True)
-        return dest
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+        print(f"[quickstart] model: SmolLM2-135M-Instruct ({model})", flush=True)
+    else:
+        from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
 
-    print("[quickstart] building the tiny Qwen2 (real tokenizer, random weights) ...", flush=True)
-    return build_tiny_qwen2(dest)
-
-
-def build_inputs(out: Path, model_name: str = "tiny") -> tuple[Path, Path]:
-    model = model_folder(out, model_name)
+        print("[quickstart] building the tiny Qwen2 (real tokenizer, random weights) ...", flush=True)
+        model = build_tiny_qwen2(out / "model")
     data_dir = out / "data"
     print("[quickstart] building 8 instruction-following prompts (2-3 IFEval constraints each) ...", flush=True)
     cmd = [sys.executable, "-m", "data_prep.instruction_following", "train", "--out-dir", str(data_dir),
-           "--constraints", "random_passable", "--min-constraints", "2", "--max-constraints", "3",
+           "--constraints", MODELS[which]["constraints"], "--min-constraints", "2", "--max-constraints", "3",
            "--limit", "8", "--samples-per-prompt", "1", "--test-fraction", "0", "--seed", "0"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -123,14 +114,18 @@ def build_inputs(out: Path, model_name: str = "tiny") -> tuple[Path, Path]:
     return model, data_dir / "train.parquet"
 
 
-def overrides(model: Path, data: Path, out: Path, steps: int, run_name: str = RUN_NAME) -> list[str]:
+def overrides(model: Path, data: Path, out: Path, steps: int, which: str = "tiny") -> list[str]:
     from recipe.mrtpo.cpu.launcher import tiny_run_overrides
 
+    spec = MODELS[which]
+    base = [o for o in tiny_run_overrides(model, data, out, "mrtpo", steps, lr=spec["lr"])
+            if not o.startswith("data.max_response_length=")]
     return [
-        *tiny_run_overrides(model, data, out, "mrtpo", steps),
+        *base,
+        f"data.max_response_length={spec['response_length']}",
         f"trainer.save_freq={steps}",  # one checkpoint, at the last step: what the export reads
         "trainer.resume_mode=disable",  # a second quickstart trains afresh instead of resuming the first
-        f"trainer.experiment_name={run_name}",
+        f"trainer.experiment_name={run_name(which)}",
         # a short warm-up so that the replay is visible within a few steps (default: 10 steps)
         "mrtpo.warmup_steps=1",
         "mrtpo.dump.every_n_steps=1",
@@ -159,7 +154,7 @@ def _show(module: str, argv: list[str]) -> None:
     print("[quickstart] $ python -m " + module + " " + " ".join(shlex.quote(a) for a in argv), flush=True)
 
 
-def close_loop(out: Path, eval_items: int, names: tuple[str, str] = (RUN_NAME, BASE_NAME)) -> dict:
+def close_loop(out: Path, eval_items: int, which: str = "tiny", base_model: Optional[Path] = None) -> dict:
     """Export the last checkpoint, evaluate the initial and the trained model on a few IFEval prompts and
     build the report, through the tools' own command-line entry points (module docstring); returns the
     report's summary."""
@@ -177,9 +172,9 @@ def close_loop(out: Path, eval_items: int, names: tuple[str, str] = (RUN_NAME, B
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise QuickstartError(f"building the IFEval set failed:\n{r.stderr[-2000:]}")
-    for model, run in ((out / "model", names[1]), (out / "model_trained", names[0])):
+    for model, run in ((base_model or out / "model", base_name(which)), (out / "model_trained", run_name(which))):
         argv = ["--task", EVAL_TASK, "--model", str(model), "--data", str(data_dir / "test.parquet"),
-                "--limit", str(eval_items), "--max-new-tokens", "32", "--backend", "hf", "--overwrite",
+                "--limit", str(eval_items), "--max-new-tokens", str(MODELS[which]["eval_tokens"]), "--backend", "hf", "--overwrite",
                 "--out", str(out / "runs" / run / "eval" / f"{EVAL_TASK}.json")]
         _show("recipe.mrtpo.tools.eval", argv)
         if eval_main(argv) != 0:
@@ -194,23 +189,19 @@ def close_loop(out: Path, eval_items: int, names: tuple[str, str] = (RUN_NAME, B
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "quickstart")
+    ap.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                    help="tiny: a random Qwen2 (fast); smollm2: SmolLM2-135M-Instruct, a model that reads its prompt")
+    ap.add_argument("--out", type=Path, default=None, help="default outputs/quickstart (outputs/quickstart_smollm2)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900, help="hard limit on the training run (seconds)")
     ap.add_argument("--eval-items", type=int, default=8, help="IFEval prompts evaluated per model (default 8)")
-    ap.add_argument("--model", choices=sorted(MODELS), default=os.environ.get("MODEL") or "tiny",
-                    help="tiny: random tiny Qwen2 (default); smollm2: SmolLM2-135M-Instruct from setup (default: $MODEL)")
     args = ap.parse_args(argv)
     if args.eval_items < 1:
         ap.error(f"--eval-items must be >= 1, got {args.eval_items}")
-    out = args.out.resolve()
+    out = (args.out or REPO / "outputs" / ("quickstart" if args.model == "tiny" else f"quickstart_{args.model}")).resolve()
     t0 = time.monotonic()
     try:
         preflight(out)
-        names = run_names(args.model)
-        for other in set(MODELS) - {args.model}:  # an earlier quickstart on the other model: kept out of the report
-            for name in run_names(other):
-                shutil.rmtree(out / "runs" / name, ignore_errors=True)
         model, data = build_inputs(out, args.model)
         from recipe.mrtpo.cpu.launcher import run_cpu
         from recipe.mrtpo.tools.verl_log import STEP_LINE
@@ -225,7 +216,7 @@ def main(argv=None) -> int:
                 print("[verl] " + line.rstrip(), flush=True)
 
         shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an earlier quickstart's: never exported again
-        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(model, data, out, args.steps, names[0]), out / "runs" / names[0],
+        res = run_cpu("recipe.mrtpo.main_mrtpo", overrides(model, data, out, args.steps, args.model), out / "runs" / run_name(args.model),
                       args.timeout, on_line=progress)
         if res.timed_out:
             raise QuickstartError(f"the run did not finish within {args.timeout:.0f} s; log: {res.log_path}\n{res.tail(30)}")
@@ -242,7 +233,7 @@ def main(argv=None) -> int:
             html = None
             print(f"[quickstart] heatmap not written: {type(e).__name__}: {e}")
         t_loop = time.monotonic()
-        summary = close_loop(out, args.eval_items, names)
+        summary = close_loop(out, args.eval_items, args.model, model)
         report = Path(summary["out_dir"])
         print(f"\n[quickstart] done in {time.monotonic() - t0:.0f} s, of which export + eval + report "
               f"{time.monotonic() - t_loop:.0f} s (peak memory of the training run {res.peak_pss_gib:.1f} GiB PSS)")

@@ -23,6 +23,7 @@ def gdpo_advantage(inp: AdvantageInputs, whiten: bool = True):
     )
 
 
-GRPO = Method("grpo", "verl's GRPO: one summed reward, verl's estimator step unchanged", "grpo")
+GRPO = Method("grpo", "verl's GRPO on one scalar reward, the mean of the sample's rewards (the reward manager's reward_score), "
+              "verl's estimator step unchanged", "grpo")
 GDPO = Method("gdpo", "GDPO: each reward normalised in its group, summed, batch-whitened; no replay", "gdpo",
               reads=STEP_KNOBS, advantage=gdpo_advantage, checks=(check_per_reward_step,))

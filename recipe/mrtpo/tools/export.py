@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from recipe.mrtpo.checkpoint_shards import missing_shards_line
+
 __all__ = ["ExportError", "Checkpoint", "find_checkpoint", "export_checkpoint", "main"]
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -121,6 +123,9 @@ def export_checkpoint(path, out, step: Optional[int] = None, overwrite: bool = F
     """Merge the chosen actor checkpoint into a Hugging Face folder ``out`` with verl's
     ``FSDPModelMerger``; returns the provenance written to ``out/mrtpo_export.json``."""
     ckpt = find_checkpoint(path, step)
+    refusal = missing_shards_line(ckpt.actor_dir)
+    if refusal:
+        raise ExportError(refusal)
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:
