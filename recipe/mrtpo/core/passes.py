@@ -58,6 +58,7 @@ from typing import Any, Optional, Union
 import torch
 
 from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
+from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs
 
 
 class LogitsShapeError(RuntimeError):
@@ -184,6 +185,7 @@ class PassSettings:
     # the dtypes verl's own log-prob and entropy come out in (module docstring: Numerics); the worker's to set
     logprob_dtype: str = "float32"
     entropy_dtype: str = "float32"
+    share_prompts: bool = False  # a forward holds each distinct prompt once (:mod:`.shared_prompts`), under block_mask
 
     WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout")
 
@@ -206,9 +208,8 @@ class PassSettings:
 
     def to_wire(self) -> dict:
         d = asdict(self)
-        d.pop("packed_attention")
-        d.pop("logprob_dtype")
-        d.pop("entropy_dtype")
+        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype", "share_prompts"):
+            d.pop(worker_side)
         d["pad_token_id"] = int(d.pop("pad_id"))
         d["token_budget"] = int(self.token_budget or 0)
         d["chunk_size"] = int(self.chunk_size or 0)
@@ -410,13 +411,15 @@ def run_pass(
     The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
     run after the last (module docstring).
     """
-    batches = plan_forwards(seqs, settings)
+    shared = settings.share_prompts and settings.packed_attention == "block_mask" and settings.layout != "single"
+    batches = plan_shared_forwards(seqs, prompts, settings.token_budget, settings.micro_batch_size) if shared else plan_forwards(seqs, settings)
     counts = PassCounts(n_forwards=len(batches))
     counts.n_forwards_global = int(sync_forward_count(counts.n_forwards)) if sync_forward_count is not None else counts.n_forwards
     if counts.n_forwards_global < counts.n_forwards:
         raise RuntimeError(f"forward-count agreement returned {counts.n_forwards_global} < this rank's {counts.n_forwards}")
     for mb in batches:
-        ids, attn, pos, keep, starts = forward_inputs(mb, prompts, responses, settings)
+        ids, attn, pos, keep, starts = (shared_forward_inputs(mb, prompts, responses, settings.pad_id) if shared
+                                        else forward_inputs(mb, prompts, responses, settings))
         counts.tokens_forwarded += ids.numel()
         counts.tokens_existing += sum(s.length for s in mb)
         keep = keep.to(device) if torch.is_tensor(keep) else keep
