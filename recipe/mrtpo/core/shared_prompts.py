@@ -11,9 +11,10 @@ reductions (fp32: 1e-5, tested against every unshared layout).
 
 The planner keeps every sequence of a row in one forward and orders the kept logits row by row, each row's
 sequences in their order, so the reductions (:func:`recipe.mrtpo.core.passes.run_pass`'s ``consume``) see
-exactly what the packed layout hands them (a row's reference before its variants). Rows are taken in
-the order given (the caller's longest-first order), and a forward closes when the next row would put it over
-the token budget (its shared length, prompts once) or over ``micro_batch_size`` rows' sequences.
+exactly what the packed layout hands them (a row's reference before its variants). Rows that share a prompt
+(a group) form a bundle, bundles longest first; a forward closes before a bundle that would put it over the
+token budget (its shared length, prompts once) or over ``micro_batch_size`` sequences, and only a bundle too
+big for a forward of its own is split, between rows.
 
 The mask is dense ([L, L]), the exact path of SDPA and eager attention (CPU, tests, small lengths);
 flash-attention's varlen kernel cannot express a prefix shared by several sequences, so under it the
@@ -42,9 +43,9 @@ def _rows(seqs: list) -> list[list]:
     return list(rows.values())
 
 
-def _bundled(seqs: list, prompts: torch.Tensor) -> list[tuple[list, list]]:
-    """(row's sequences, their prompt keys) per row, rows that share a prompt (transitively: a bundle, a group)
-    adjacent; bundles by their longest sequence, longest first (stable), rows within a bundle in the given order."""
+def _bundled(seqs: list, prompts: torch.Tensor) -> list[list[tuple[list, list]]]:
+    """Bundles of rows that share a prompt (transitively: a group), each row as (its sequences, their prompt
+    keys); bundles by their longest sequence, longest first (stable), rows within a bundle in the given order."""
     rows = _rows(seqs)
     keys = [[prompt_key(prompts, s) for s in row] for row in rows]
     parent = list(range(len(rows)))
@@ -63,8 +64,7 @@ def _bundled(seqs: list, prompts: torch.Tensor) -> list[tuple[list, list]]:
     for r in range(len(rows)):
         bundles.setdefault(find(r), []).append(r)
     longest = {b: max(int(s.prompt_len) + int(s.resp_len) for r in rs for s in rows[r]) for b, rs in bundles.items()}
-    order = sorted(bundles, key=lambda b: -longest[b])
-    return [(rows[r], keys[r]) for b in order for r in bundles[b]]
+    return [[(rows[r], keys[r]) for r in bundles[b]] for b in sorted(bundles, key=lambda b: -longest[b])]
 
 
 def shared_tokens(mb: list, keys: list) -> int:
@@ -75,30 +75,49 @@ def shared_tokens(mb: list, keys: list) -> int:
     return sum(seen.values()) + sum(int(s.resp_len) for s in mb)
 
 
+class _Forward:
+    """The forward being filled: its sequences, its distinct prompts' lengths, its response tokens."""
+
+    def __init__(self):
+        self.seqs: list = []
+        self.prompts: dict = {}
+        self.resp = 0
+
+    def grown(self, rows: list[tuple[list, list]]) -> tuple[int, int]:
+        """(shared length, sequences) were ``rows`` added."""
+        new = {k: int(s.prompt_len) for row, ks in rows for s, k in zip(row, ks) if k not in self.prompts}
+        n = sum(len(row) for row, _ in rows)
+        return (sum(self.prompts.values()) + sum(new.values()) + self.resp + sum(int(s.resp_len) for row, _ in rows for s in row),
+                len(self.seqs) + n)
+
+    def add(self, row: list, keys: list) -> None:
+        self.seqs += row
+        self.prompts.update((k, int(s.prompt_len)) for s, k in zip(row, keys))
+        self.resp += sum(int(s.resp_len) for s in row)
+
+
 def plan_shared_forwards(seqs: list, prompts: torch.Tensor, token_budget: Optional[int], micro_batch_size: int) -> list[list]:
-    """The forwards of a shared pass: whole rows, in the given row order, while the shared length stays within
-    ``token_budget`` (or the forward holds at most ``micro_batch_size`` sequences); a row over the budget alone."""
+    """The forwards of a shared pass: whole bundles (a group's rows, :func:`_bundled`) while the shared length
+    stays within ``token_budget`` (or the forward holds at most ``micro_batch_size`` sequences); a bundle that
+    does not fit a forward of its own is split between whole rows; a row over the budget runs alone."""
+
+    def over(f: _Forward, rows) -> bool:
+        tokens, n = f.grown(rows)
+        return tokens > token_budget if token_budget else n > micro_batch_size
+
     batches: list[list] = []
-    cur: list = []
-    cur_keys: list = []
-    seen: dict = {}  # distinct prompt key -> length, in ``cur``
-    resp_tokens = 0
-    for row, keys in _bundled(seqs, prompts):
-        if cur:
-            add_p = sum({k: int(s.prompt_len) for s, k in zip(row, keys) if k not in seen}.values())
-            add_r = sum(int(s.resp_len) for s in row)
-            full = (sum(seen.values()) + add_p + resp_tokens + add_r > token_budget if token_budget
-                    else len(cur) + len(row) > micro_batch_size)
-            if full:
-                batches.append(cur)
-                cur, cur_keys, seen, resp_tokens = [], [], {}, 0
-        cur += row
-        cur_keys += keys
-        for s, k in zip(row, keys):
-            seen[k] = int(s.prompt_len)
-        resp_tokens += sum(int(s.resp_len) for s in row)
-    if cur:
-        batches.append(cur)
+    cur = _Forward()
+    for bundle in _bundled(seqs, prompts):
+        if cur.seqs and over(cur, bundle):  # the bundle starts a forward rather than splitting its prompts
+            batches.append(cur.seqs)
+            cur = _Forward()
+        for row, keys in bundle:
+            if cur.seqs and over(cur, [(row, keys)]):
+                batches.append(cur.seqs)
+                cur = _Forward()
+            cur.add(row, keys)
+    if cur.seqs:
+        batches.append(cur.seqs)
     return batches
 
 
