@@ -131,3 +131,10 @@ def test_sharing_is_off_under_varlen_and_single():
     replay_relevance(fwd, ids, lens, resp, mask, pair, settings=PassSettings(layout="packed", packed_attention="varlen",
                                                                               share_prompts=True))
     assert calls and all(a is None for a in calls)  # flash-attention's varlen path: the unshared packed row
+
+
+def test_share_prompts_travels_on_the_wire_and_is_optional():
+    wire = PassSettings(share_prompts=True).to_wire()
+    assert wire["share_prompts"] is True and PassSettings.from_wire(wire, "m", "sdpa").share_prompts
+    wire.pop("share_prompts")
+    assert not PassSettings.from_wire(wire, "m", "sdpa").share_prompts  # an older sender: unshared

@@ -187,7 +187,7 @@ class PassSettings:
     entropy_dtype: str = "float32"
     share_prompts: bool = False  # a forward holds each distinct prompt once (:mod:`.shared_prompts`), under block_mask
 
-    WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout")
+    WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout", "share_prompts")
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -208,7 +208,7 @@ class PassSettings:
 
     def to_wire(self) -> dict:
         d = asdict(self)
-        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype", "share_prompts"):
+        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype"):
             d.pop(worker_side)
         d["pad_token_id"] = int(d.pop("pad_id"))
         d["token_budget"] = int(self.token_budget or 0)
@@ -221,7 +221,7 @@ class PassSettings:
         """The settings of ``wire``; a clear error naming ``method`` when one is missing. ``layout`` "auto"
         (or absent) is decided by the model table (:func:`resolve_layout`). ``worker``: the settings the
         worker reads off verl itself (``logprob_dtype``, ``entropy_dtype``)."""
-        required = [k for k in cls.WIRE_KEYS if k != "layout"]
+        required = [k for k in cls.WIRE_KEYS if k not in ("layout", "share_prompts")]  # optional: "auto", off
         missing = [k for k in required if wire.get(k, None) is None]
         if missing:
             raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
@@ -234,6 +234,7 @@ class PassSettings:
             pad_id=int(wire["pad_token_id"]),
             layout=layout,
             packed_attention=attention,
+            share_prompts=bool(wire.get("share_prompts", None) or False),
             **worker,
         )
 
