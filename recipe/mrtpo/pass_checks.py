@@ -10,7 +10,10 @@ here, in one line naming what to change:
   worker, which applies the same table to the loaded module);
 - LoRA (``actor_rollout_ref.model.lora_rank > 0``): the passes call the actor's module as a plain causal LM
   and have not been run or tested with verl's adapters (merged or not), so the fused ``old_log_probs``
-  would not be known to equal verl's.
+  would not be known to equal verl's;
+- verl's ``actor.use_prefix_grouper=True``: it regroups the update's forward by shared prompt; the fused
+  ``old_log_probs`` have not been tested against it (the recipe's passes share prompts on their own,
+  ``recipe.mrtpo.core.shared_prompts``).
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ def check_pass_support(config, method, cfg) -> None:
             f"{ARR}.model.lora_rank={rank} (LoRA) is not supported with {who}: its replay / teacher passes and the fused "
             f"old_log_prob forward the actor's module as a plain causal LM, not tested with verl's adapters. Set "
             f"{ARR}.model.lora_rank=0 (full fine-tuning), or {off}."
+        )
+    if bool(get_key(config, f"{ARR}.actor.use_prefix_grouper", False)):
+        raise ValueError(
+            f"{ARR}.actor.use_prefix_grouper=True is not supported with {who}: verl's PrefixGrouper changes the update's "
+            f"forward, and the fused old_log_probs of the recipe's passes are not tested against it. Set "
+            f"{ARR}.actor.use_prefix_grouper=False (the recipe's passes share prompts themselves: mrtpo.share_prompts), or {off}."
         )
     hf = model_config_dict(str(get_key(config, f"{ARR}.model.path", "") or ""))
     if hf is not None:

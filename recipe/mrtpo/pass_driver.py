@@ -22,7 +22,7 @@ from recipe.mrtpo.core.passes import PassSettings
 def pass_settings(cfg: MRTPOConfig, temperature: float, pad_id: int, token_budget: int = 0) -> PassSettings:
     """The pass engine's settings of the replay and the teacher pass: ``mrtpo.replay_micro_batch_size``
     sequences per forward (or verl's log-prob token budget), ``mrtpo.chunk_size``, the layout the worker
-    picks for its attention (``auto``)."""
+    picks for its attention (``auto``), ``mrtpo.share_prompts``."""
     return PassSettings(
         temperature=float(temperature),
         micro_batch_size=int(cfg.replay_micro_batch_size),
@@ -30,6 +30,7 @@ def pass_settings(cfg: MRTPOConfig, temperature: float, pad_id: int, token_budge
         chunk_size=int(cfg.chunk_size) if cfg.chunk_size else None,
         pad_id=int(pad_id),
         layout="auto",
+        share_prompts=bool(cfg.share_prompts),
     )
 
 

@@ -139,7 +139,7 @@ def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = 
     one is missing. ``model``: what the worker knows of the model and verl (``model_type``, ``logprob_dtype``,
     ``entropy_dtype``)."""
     wire = _wire(data, tuple(dict.fromkeys((*PassSettings.WIRE_KEYS, *keys))))
-    missing = [k for k in keys if k != "layout" and wire.get(k) is None]
+    missing = [k for k in keys if k not in ("layout", "share_prompts") and wire.get(k) is None]
     if missing:
         raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
     return PassSettings.from_wire(wire, method, attn, **model), wire

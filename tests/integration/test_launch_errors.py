@@ -138,3 +138,13 @@ def test_lora_is_refused_for_methods_that_replay_or_teach():
     with pytest.raises(ValueError, match=r"method opsd \(its teacher is frozen at the initial policy\) is not supported with LoRA"):
         check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS["opsd"].overrides), local_paths=False)
     check_config(_compose("actor_rollout_ref.model.lora_rank=8", "algorithm.adv_estimator=gdpo"))
+
+
+def test_prefix_grouper_is_refused_in_one_line_for_methods_that_replay_or_teach():
+    from recipe.mrtpo.main_mrtpo import check_launch
+
+    for name in ("mrtpo", "rlsd"):
+        with pytest.raises(ValueError, match=r"use_prefix_grouper=True is not supported with method") as exc:
+            check_launch(_compose("actor_rollout_ref.actor.use_prefix_grouper=True", *METHODS[name].overrides), local_paths=False)
+        assert "actor_rollout_ref.actor.use_prefix_grouper=False" in one_line(exc.value) and "\n" not in one_line(exc.value)
+    check_config(_compose("actor_rollout_ref.actor.use_prefix_grouper=True", "algorithm.adv_estimator=gdpo"))

@@ -59,7 +59,8 @@ def test_bench_replay_prints_a_row_of_ratios_per_variant_count(capsys):
     assert out[-1].startswith("(best of 1; V = 151936;")
 
 
-@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py", "bench_noise_floor.py", "bench_packing.py"])
+@pytest.mark.parametrize("script", ["bench_relevance.py", "bench_replay.py", "bench_plan.py", "gpu_replay.py", "bench_noise_floor.py", "bench_packing.py",
+                                    "bench_shared_prompts.py"])
 def test_benchmarks_run_as_scripts_from_the_repo_root(script):
     # the recipe installed (``pip install -e .``) is stood in for by PYTHONPATH
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -115,6 +116,20 @@ def test_bench_packing_counts_every_layout_and_ends_with_the_if_line(capsys):
     assert all(float(r[2]) == 1.0 and float(r[3]) == 1.0 for r in packed.values())
     last = re.fullmatch(r"packing: forwarded / existing tokens = (\d+\.\d\d) \(was (\d+\.\d\d)\); forwards per replayed row = (\d+\.\d+)", out[-1])
     assert last and float(last.group(1)) == 1.0 and float(last.group(2)) > 1.0
+
+
+def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
+    from benchmarks import bench_shared_prompts
+
+    res = bench_shared_prompts.main(["--responses", "64", "--budget", "8192"])
+    out = capsys.readouterr().out.splitlines()
+    rows = {r[0]: r for r in (_cells(line) for line in out) if r and r[0] in ("if", "sql", "tool", "multi_turn")}
+    assert set(rows) == set(res) == {"if", "sql", "tool", "multi_turn"}
+    for name, r in res.items():
+        after, limit, before = int(rows[name][6].replace(",", "")), int(rows[name][7].replace(",", "")), int(rows[name][5].replace(",", ""))
+        assert limit <= after < before, name  # never under the limit, always under today's
+        assert r["ratio"] == pytest.approx(after / limit)
+    assert re.fullmatch(r"shared prompts: after / limit <= \d+\.\d{3} on every mix; planning <= \d+\.\d{3} s per 1,024 responses", out[-1])
 
 
 BLOCK_HEAVY_IMPORTS = """

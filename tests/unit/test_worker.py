@@ -22,6 +22,7 @@ SETTINGS = {
     "token_budget": 0,
     "chunk_size": 0,
     "pad_token_id": 0,
+    "share_prompts": False,
     "compile_js": False,
     "topk": 3,
     "layout": "auto",

@@ -58,6 +58,7 @@ from typing import Any, Optional, Union
 import torch
 
 from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
+from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs
 
 
 class LogitsShapeError(RuntimeError):
@@ -184,8 +185,9 @@ class PassSettings:
     # the dtypes verl's own log-prob and entropy come out in (module docstring: Numerics); the worker's to set
     logprob_dtype: str = "float32"
     entropy_dtype: str = "float32"
+    share_prompts: bool = False  # a forward holds each distinct prompt once (:mod:`.shared_prompts`), under block_mask
 
-    WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout")
+    WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout", "share_prompts")
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -206,9 +208,8 @@ class PassSettings:
 
     def to_wire(self) -> dict:
         d = asdict(self)
-        d.pop("packed_attention")
-        d.pop("logprob_dtype")
-        d.pop("entropy_dtype")
+        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype"):
+            d.pop(worker_side)
         d["pad_token_id"] = int(d.pop("pad_id"))
         d["token_budget"] = int(self.token_budget or 0)
         d["chunk_size"] = int(self.chunk_size or 0)
@@ -220,7 +221,7 @@ class PassSettings:
         """The settings of ``wire``; a clear error naming ``method`` when one is missing. ``layout`` "auto"
         (or absent) is decided by the model table (:func:`resolve_layout`). ``worker``: the settings the
         worker reads off verl itself (``logprob_dtype``, ``entropy_dtype``)."""
-        required = [k for k in cls.WIRE_KEYS if k != "layout"]
+        required = [k for k in cls.WIRE_KEYS if k not in ("layout", "share_prompts")]  # optional: "auto", off
         missing = [k for k in required if wire.get(k, None) is None]
         if missing:
             raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
@@ -233,6 +234,7 @@ class PassSettings:
             pad_id=int(wire["pad_token_id"]),
             layout=layout,
             packed_attention=attention,
+            share_prompts=bool(wire.get("share_prompts", None) or False),
             **worker,
         )
 
@@ -410,13 +412,15 @@ def run_pass(
     The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
     run after the last (module docstring).
     """
-    batches = plan_forwards(seqs, settings)
+    shared = settings.share_prompts and settings.packed_attention == "block_mask" and settings.layout != "single"
+    batches = plan_shared_forwards(seqs, prompts, settings.token_budget, settings.micro_batch_size) if shared else plan_forwards(seqs, settings)
     counts = PassCounts(n_forwards=len(batches))
     counts.n_forwards_global = int(sync_forward_count(counts.n_forwards)) if sync_forward_count is not None else counts.n_forwards
     if counts.n_forwards_global < counts.n_forwards:
         raise RuntimeError(f"forward-count agreement returned {counts.n_forwards_global} < this rank's {counts.n_forwards}")
     for mb in batches:
-        ids, attn, pos, keep, starts = forward_inputs(mb, prompts, responses, settings)
+        ids, attn, pos, keep, starts = (shared_forward_inputs(mb, prompts, responses, settings.pad_id) if shared
+                                        else forward_inputs(mb, prompts, responses, settings))
         counts.tokens_forwarded += ids.numel()
         counts.tokens_existing += sum(s.length for s in mb)
         keep = keep.to(device) if torch.is_tensor(keep) else keep

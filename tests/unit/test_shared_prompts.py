@@ -1,0 +1,140 @@
+"""Shared prompts (``core/shared_prompts.py``): each distinct prompt forwarded once per forward, exact in fp32."""
+
+import pytest
+import torch
+
+from recipe.mrtpo.core.passes import PassSettings, hf_forward, row_sequences
+from recipe.mrtpo.core.replay import replay_relevance
+from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs
+from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
+
+SHARED = dict(layout="packed", packed_attention="block_mask", share_prompts=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+
+    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
+    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():  # sharpen the random init so that prompts matter measurably
+        for p in m.parameters():
+            p.mul_(8.0)
+    return m.eval()
+
+
+def group_batch(groups=(4, 3), NV=3, P=10, T=12, seed=0):
+    """Groups of rows sharing their prompt variants (uneven sizes), responses of uneven lengths with one gap."""
+    g = torch.Generator().manual_seed(seed)
+    R = sum(groups)
+    ids = torch.zeros(R, NV, P, dtype=torch.long)
+    lens = torch.zeros(R, NV, dtype=torch.long)
+    r = 0
+    for n in groups:
+        gi = torch.randint(0, 150_000, (NV, P), generator=g)
+        gl = torch.randint(3, P + 1, (NV,), generator=g)
+        gl[0] = P
+        ids[r : r + n], lens[r : r + n] = gi, gl
+        r += n
+    resp = torch.randint(0, 150_000, (R, T), generator=g)
+    mask = torch.zeros(R, T, dtype=torch.long)
+    for i in range(R):
+        mask[i, : int(torch.randint(2, T + 1, (1,), generator=g))] = 1
+    mask[1, 2:4] = 0
+    pair = torch.tensor([[1, 2], [2, -1], [1, 1], [2, 1], [1, 2], [-1, -1], [2, 2]])[:R]
+    return ids, lens, resp, mask, pair
+
+
+def test_shared_inputs_hold_the_prompt_once_and_each_response_sees_it_alone():
+    prompts = torch.tensor([[[0, 0, 101, 102, 103]], [[0, 0, 101, 102, 103]]])
+    responses = torch.tensor([[201, 202, 203], [301, 302, 0]])
+    mb = row_sequences(0, [0], [3], 3) + row_sequences(1, [0], [3], 2)
+    ids, attn, pos, keep, starts = shared_forward_inputs(mb, prompts, responses)
+    assert ids.tolist() == [[101, 102, 103, 201, 202, 203, 301, 302]]
+    assert pos.tolist() == [[0, 1, 2, 3, 4, 5, 3, 4]]  # each response positioned right after the prompt
+    assert keep.tolist() == [2, 3, 4, 2, 6] and starts == [0, 3]  # the prompt's last position, once per response
+    blocked = attn[0, 0] < 0
+    assert not blocked[6, :3].any() and blocked[6, 3:6].all() and not blocked[7, 6]  # the prompt, not the other response
+    assert blocked[0, 1] and blocked[3, 4]  # causal
+
+
+def test_plan_keeps_rows_whole_groups_together_and_bounds_the_shared_length():
+    ids, lens, resp, mask, pair = group_batch()
+    from recipe.mrtpo.core.replay import plan_sequences
+
+    seqs = plan_sequences(lens, pair, mask.sum(-1))
+    batches = plan_shared_forwards(seqs, ids, token_budget=80, micro_batch_size=8)
+    for b in batches:
+        rows = {s.row for s in b}
+        assert all(sum(1 for s in b if s.row == r) == sum(1 for s in seqs if s.row == r) for r in rows)  # rows whole
+        distinct = {(int(s.prompt_len), ids[s.row, s.variant, -int(s.prompt_len):].numpy().tobytes()): int(s.prompt_len) for s in b}
+        assert len(rows) == 1 or sum(distinct.values()) + sum(s.resp_len for s in b) <= 80
+    flat = [s.row for b in batches for s in b]
+    groups = [0 if r < 4 else 1 for r in dict.fromkeys(flat)]
+    assert groups == sorted(groups) or groups == sorted(groups, reverse=True)  # a group's rows adjacent
+
+
+@pytest.mark.parametrize("budget", [None, 60])
+def test_shared_replay_equals_the_unshared_one_at_the_limit(model, budget):
+    ids, lens, resp, mask, pair = group_batch()
+    fwd = hf_forward(model)
+    lpv = torch.tensor([0, 2, 0, 1, 0, 0, 0])
+    with torch.no_grad():
+        shared = replay_relevance(fwd, ids, lens, resp, mask, pair, settings=PassSettings(
+            temperature=0.8, micro_batch_size=64, token_budget=budget, **SHARED), logprob_variant=lpv, entropy=True)
+        one = replay_relevance(fwd, ids, lens, resp, mask, pair, micro_batch_size=1, temperature=0.8, logprob_variant=lpv,
+                               layout="padded", entropy=True)
+    for key in ("variant_relevance", "replay_logprobs", "replay_entropy"):
+        assert torch.allclose(shared[key], one[key], atol=1e-5), key
+    assert int(shared["tokens_forwarded"]) < int(one["tokens_existing"])
+    if budget is None:  # one forward: every distinct prompt variant once plus every response token, the limit
+        from recipe.mrtpo.core.passes import response_lengths
+        from recipe.mrtpo.core.replay import plan_sequences
+
+        seqs = plan_sequences(lens, pair, response_lengths(mask), lpv)
+        prompts = {(int(s.prompt_len), ids[s.row, s.variant, -int(s.prompt_len):].numpy().tobytes()): int(s.prompt_len) for s in seqs}
+        assert int(shared["tokens_forwarded"]) == sum(prompts.values()) + sum(s.resp_len for s in seqs)
+
+
+def test_shared_teacher_topk_equals_each_sequence_alone(model):
+    ids, lens, resp, mask, _ = group_batch(seed=1)
+    prompt_ids, prompt_lens = ids[:, 0], lens[:, 0].clone()
+    fwd = hf_forward(model)
+    with torch.no_grad():
+        out = teacher_topk_rows(fwd, prompt_ids, prompt_lens, resp, mask, k=4, temperature=0.8, micro_batch_size=8,
+                                token_budget=70, layout="packed", packed_attention="block_mask",
+                                settings=PassSettings(temperature=0.8, micro_batch_size=8, token_budget=70, **SHARED))
+        for r in range(ids.shape[0]):
+            n = int((torch.arange(1, resp.shape[1] + 1) * mask[r]).max())
+            seq = torch.cat([prompt_ids[r, -int(prompt_lens[r]):], resp[r, :n]])[None]
+            lp = torch.log_softmax(model(input_ids=seq).logits[0, int(prompt_lens[r]) - 1 : -1] / 0.8, -1)
+            v, i = lp.topk(4, -1)
+            m = mask[r, :n] > 0
+            assert torch.allclose(out["topk_logprobs"][r, :n][m], v[m], atol=1e-5)
+            assert torch.equal(out["topk_ids"][r, :n][m], i[m])
+            assert torch.allclose(out["token_logprobs"][r, :n][m], lp.gather(-1, resp[r, :n, None])[:, 0][m], atol=1e-5)
+    assert int(out["tokens_forwarded"]) < int(out["tokens_existing"])
+
+
+def test_sharing_is_off_under_varlen_and_single():
+    ids, lens, resp, mask, pair = group_batch()
+    calls = []
+
+    def fwd(input_ids, attn, pos, keep):
+        calls.append(attn)
+        n = int(keep.numel()) if torch.is_tensor(keep) else int(keep)
+        return torch.zeros(input_ids.shape[0], n, 8)
+
+    resp = resp % 8
+    replay_relevance(fwd, ids, lens, resp, mask, pair, settings=PassSettings(layout="packed", packed_attention="varlen",
+                                                                              share_prompts=True))
+    assert calls and all(a is None for a in calls)  # flash-attention's varlen path: the unshared packed row
+
+
+def test_share_prompts_travels_on_the_wire_and_is_optional():
+    wire = PassSettings(share_prompts=True).to_wire()
+    assert wire["share_prompts"] is True and PassSettings.from_wire(wire, "m", "sdpa").share_prompts
+    wire.pop("share_prompts")
+    assert not PassSettings.from_wire(wire, "m", "sdpa").share_prompts  # an older sender: unshared
