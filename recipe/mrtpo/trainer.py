@@ -49,7 +49,7 @@ from recipe.mrtpo.core.seeding import submission_order
 from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
-from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
+from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender, tools_key
@@ -433,14 +433,15 @@ class MRTPOTrainer(PPOTrainerSync):
         # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
         render, row_render, renders = self._planner_renders(self._row_tools(batch, len(messages)))
         on_ref = self.method.replay.on_reference(self.mrtpo)
-        result = run_replay(
-            self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
+        request = PassRequest(
+            self.mrtpo, table, messages, ab.data.batch["responses"], ab.response_mask,
             rollout_prompts=_rows(meta["prompts"]), render=render,
             dispatch=self._dispatch_reference if on_ref else self._dispatch_replay,
             dp_size=self._dp_size("ref" if on_ref else "actor"),
             temperature=float(self.config.actor_rollout_ref.rollout.temperature), pad_id=int(self.tokenizer.pad_token_id or 0),
-            token_budget=token_budget(self.config, reference=on_ref), fused=fused, row_render=row_render,
+            token_budget=token_budget(self.config, reference=on_ref), row_render=row_render,
         )
+        result = run_replay(request, ab.uid, fused=fused)
         result.metrics["mrtpo/plan_piece_mismatches"] = sum(r.encoder.mismatches for r in renders.values())
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result

@@ -25,6 +25,7 @@ from recipe.mrtpo.methods.opsd.teacher import (
     topk_mass,
     topk_overlap,
 )
+from recipe.mrtpo.pass_driver import PassRequest
 from recipe.mrtpo.reward_extras import RewardTable
 
 MSGS = [{"role": "user", "content": "List the three longest tracks. Answer with one SQL query."}]
@@ -292,8 +293,9 @@ def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
             return opsd_teacher_rows(hf_forward(model), td, "cpu", sync=None)
 
     old = torch.stack([direct_logprobs(model, rollout, responses[i]).gather(-1, responses[i, :, None])[:, 0] for i in range(B)])
-    teacher = run_opsd_teacher(cfg, table, [MSGS] * B, responses, mask, [rollout] * B, render, dispatch, dp_size=2,
-                               temperature=TEMP, pad_id=0, old_log_probs=old)
+    request = PassRequest(cfg, table, [MSGS] * B, responses, mask, [rollout] * B, render, dispatch, dp_size=2,
+                          temperature=TEMP, pad_id=0)
+    teacher = run_opsd_teacher(request, old_log_probs=old)
     assert sizes == [4]  # padded to the data-parallel size
     m = teacher.metrics
     assert teacher.privileged == [True, False, False]

@@ -183,6 +183,7 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
 
     from recipe.mrtpo.config import mrtpo_config
     from recipe.mrtpo.core.passes import PassSettings as PS
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
     from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
@@ -221,9 +222,9 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
 
     table = RewardTable(names=names, scores=scores, contexts=contexts, errors=[""] * B)
     cfg = mrtpo_config({})
-    args = (cfg, table, index, [msgs] * B, responses, mask, rollout, render, dispatch)
-    fused = run_replay(*args, dp_size=2, temperature=0.8, pad_id=0, fused=True)
-    plain = run_replay(*args, dp_size=1, temperature=0.8, pad_id=0)
+    args = (cfg, table, [msgs] * B, responses, mask, rollout, render, dispatch)
+    fused = run_replay(PassRequest(*args, dp_size=2, temperature=0.8, pad_id=0), index, fused=True)
+    plain = run_replay(PassRequest(*args, dp_size=1, temperature=0.8, pad_id=0), index)
     assert torch.allclose(fused.relevance, plain.relevance, atol=1e-5) and fused.rows == plain.rows == [0, 1, 2, 3]
     assert fused.logprobs_are_rollout_prompt == [True, True, False, False]  # rows 2, 3 replay only a: both their variants carry the block
     with torch.no_grad():

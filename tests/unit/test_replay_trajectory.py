@@ -89,6 +89,7 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
     from recipe.mrtpo.core.render_cache import CachedRender
     from recipe.mrtpo.core.replay import hf_forward
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
     from recipe.mrtpo.rollout_render import RolloutRender
@@ -128,9 +129,8 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
 
     table = RewardTable(names=names, scores=scores, contexts=[contexts] * 2, errors=[""] * 2)
     index = np.array(["g", "g"], dtype=object)
-    res = run_replay(mrtpo_config({}), table, index, [raw_prompt] * 2, responses, masks, [list(out.prompt_ids)] * 2,
-                     cached, dispatch, dp_size=1, temperature=TEMPERATURE, pad_id=0,
-                     row_render=lambda i: cached)
+    res = run_replay(PassRequest(mrtpo_config({}), table, [raw_prompt] * 2, responses, masks, [list(out.prompt_ids)] * 2,
+                                 cached, dispatch, dp_size=1, temperature=TEMPERATURE, pad_id=0, row_render=lambda i: cached), index)
     assert res.replayed[:, k_state].all() and not res.replayed[:, [k for k in range(len(names)) if k != k_state]].any()
     assert res.metrics.get("mrtpo/pairs_fallback", 0) == 0
     q = res.relevance[0, k_state]
