@@ -360,7 +360,7 @@ def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_liv
         trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]},
                                                    compute_replay_relevance=record("actor", worker.compute_replay_relevance))
         trainer.ref_policy_wg = SimpleNamespace(_dispatch_info={"ref": [0]}, compute_ref_replay=record("ref", worker.compute_ref_replay))
-        assert trainer._fuses_old_log_prob() == (teacher == "live")
+        assert trainer.plan.fuse_old_log_prob == (teacher == "live")
         metrics: dict = {}
         trainer._compute_advantage(Meta(keys=keys, partition_id="train"), metrics)
         (where, out), = got.items()
