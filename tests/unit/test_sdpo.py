@@ -320,7 +320,7 @@ def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(qwe
                      "student_prompt_lens": torch.tensor([5, 5]), "responses": responses, "response_mask": mask}, batch_size=[2])
     for key in TEACHER_SETTINGS:
         td.set_non_tensor(key, {"temperature": temp, "micro_batch_size": 2, "token_budget": 0, "chunk_size": 0,
-                                "pad_token_id": 0, "topk": k, "layout": "auto"}[key])
+                                "pad_token_id": 0, "topk": k, "layout": "auto", "share_prompts": False}[key])
     before = [p.detach().clone() for p in student.parameters()]
     got = w.compute_sdpo_teacher(td)
     assert all(torch.equal(p, b) for p, b in zip(student.parameters(), before))  # the student's weights are back
