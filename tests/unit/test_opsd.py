@@ -35,19 +35,7 @@ CTX_PROMPT = {"format": {"text": "Answer with one SQL query.", "placement": "pro
 TEMP = 0.9
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=7)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # random init barely reacts to the prompt: sharpen it
-        for p in model.parameters():
-            p.mul_(8.0)
-    return tok, model.eval()
+TINY_SEED = 7  # the suite's test model (tests/conftest.py: tiny, tiny_lm), this module's seed
 
 
 def render_fn(tok):

@@ -279,20 +279,6 @@ def test_the_ema_teacher_survives_save_and_resume_bit_for_bit(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- the teacher pass, tiny Qwen2
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # a random init barely reacts to the prompt: sharpen it
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m.eval()
-
-
 def direct(model, prompt, response, temp):
     seq = torch.tensor([list(prompt) + response.tolist()])
     with torch.no_grad():
@@ -300,9 +286,9 @@ def direct(model, prompt, response, temp):
     return torch.log_softmax(lg / temp, -1)
 
 
-def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(qwen):
-    student = copy.deepcopy(qwen)
-    teacher_model = copy.deepcopy(qwen)
+def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(tiny_lm):
+    student = copy.deepcopy(tiny_lm)
+    teacher_model = copy.deepcopy(tiny_lm)
     with torch.no_grad():
         for p in teacher_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
