@@ -1,4 +1,8 @@
-"""Suite-wide fixtures and the GPU marker: GPU tests skip with a reason on CPU-only machines."""
+"""Suite-wide fixtures and the GPU marker: GPU tests skip with a reason on CPU-only machines.
+
+The suite's test model is defined here once: :func:`tiny` (``(tokenizer, model)``) and :func:`tiny_lm` (the
+model alone), one per test module, seeded by the module's ``TINY_SEED`` (default 5).
+"""
 
 import os
 from pathlib import Path
@@ -69,3 +73,40 @@ def _seed_global_rngs():
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+#: the test model's seed where a module sets no ``TINY_SEED``
+TINY_SEED = 5
+
+
+def build_test_model(folder: Path, seed: int = TINY_SEED, sharpen: float = 8.0):
+    """``(tokenizer, model)``: ``recipe.mrtpo.cpu.tiny_model``'s Qwen2 (hidden size 64) written to ``folder`` and
+    loaded in fp32 with SDPA attention, in eval mode, every weight multiplied by ``sharpen`` (a random init at
+    std 0.02 barely reacts to the prompt; sharpened, prompts matter measurably)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
+
+    path = build_tiny_qwen2(folder, hidden_size=64, seed=seed)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(sharpen)
+    return tok, model.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny(request, tmp_path_factory):
+    """The suite's test model for this module, ``(tokenizer, model)`` (:func:`build_test_model`), seeded by the
+    module's ``TINY_SEED`` (default 5). Module-scoped: a test that changes its weights changes them for the
+    module's later tests (copy it first)."""
+    seed = getattr(request.module, "TINY_SEED", TINY_SEED)
+    return build_test_model(tmp_path_factory.mktemp("tiny") / "model", seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny):
+    """The test model alone (:func:`tiny`'s model)."""
+    return tiny[1]

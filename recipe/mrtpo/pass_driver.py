@@ -1,14 +1,17 @@
 """The driver's side of every no-grad pass over the actor (the replay, the OPSD teacher): what they share.
 
-The settings the drivers send (:func:`pass_settings`, the core's :class:`PassSettings` on the wire), the
-one call into the worker group (:func:`dispatch_rows`), the assignment of rows to data-parallel ranks by
+What a pass is handed (:class:`PassRequest`: the batch's rows, how to render and dispatch them, the settings
+it sends, the core's :class:`PassSettings` on the wire, :meth:`PassRequest.settings`), the one call into the
+worker group (:func:`dispatch_rows`), the assignment of rows to data-parallel ranks by
 their tokens (:func:`balanced_order`, verl's sequence-length balancing) and the per-rank cost the workers
 report (:func:`pass_metrics`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from tensordict import TensorDict
@@ -18,20 +21,52 @@ from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.passes import PassSettings
 
+#: a worker-group pass method as the drivers call it: (packed rows [R', ...], non-tensor settings) -> its answer
+#: (each driver names its contract: ``replay_driver.Dispatch``, ``methods.opsd.driver.Dispatch``)
+Dispatch = Callable[[dict, dict], dict]
+#: chat messages -> prompt ids, as the rollout rendered them
+Render = Callable[[list], list]
 
-def pass_settings(cfg: MRTPOConfig, temperature: float, pad_id: int, token_budget: int = 0) -> PassSettings:
-    """The pass engine's settings of the replay and the teacher pass: ``mrtpo.replay_micro_batch_size``
-    sequences per forward (or verl's log-prob token budget), ``mrtpo.chunk_size``, the layout the worker
-    picks for its attention (``auto``), ``mrtpo.share_prompts``."""
-    return PassSettings(
-        temperature=float(temperature),
-        micro_batch_size=int(cfg.replay_micro_batch_size),
-        token_budget=int(token_budget) if token_budget else None,
-        chunk_size=int(cfg.chunk_size) if cfg.chunk_size else None,
-        pad_id=int(pad_id),
-        layout="auto",
-        share_prompts=bool(cfg.share_prompts),
-    )
+
+@dataclass(frozen=True, eq=False)
+class PassRequest:
+    """One no-grad pass over a batch, as both drivers take it (the replay, ``replay_driver.run_replay``; the
+    self-teachers' teacher pass, ``methods.opsd.driver.run_opsd_teacher``): the batch's rows, how to render and
+    dispatch them, and the pass engine's settings.
+
+    ``token_budget``: padded tokens per forward (verl's ``log_prob_max_token_len_per_gpu`` under
+    ``log_prob_use_dynamic_bsz``, :func:`token_budget`); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per
+    forward. ``row_render``: per sample its render where samples were rendered with different tools.
+    """
+
+    cfg: MRTPOConfig
+    table: Any  # RewardTable: per-reward scores and each sample's contexts Z_k
+    messages: Sequence[Optional[list]]  # each sample's chat messages (verl's raw_prompt), None where absent
+    responses: torch.Tensor  # [B, T] sampled ids
+    response_mask: torch.Tensor  # [B, T]
+    rollout_prompts: Sequence[Sequence[int]]  # each sample's prompt ids as the rollout rendered them
+    render: Render
+    dispatch: Dispatch  # the worker group's pass method (or any function with its contract, in tests)
+    dp_size: int  # the data-parallel size of the mesh the pass runs on (rows are padded to a multiple)
+    temperature: float  # the rollout's
+    pad_id: int
+    token_budget: int = 0
+    row_render: Optional[Callable[[int], Render]] = None
+
+    def settings(self) -> PassSettings:
+        """The pass engine's settings: ``mrtpo.replay_micro_batch_size`` sequences per forward (or the token
+        budget), ``mrtpo.chunk_size``, the layout the worker picks for its attention (``auto``),
+        ``mrtpo.share_prompts``."""
+        cfg = self.cfg
+        return PassSettings(
+            temperature=float(self.temperature),
+            micro_batch_size=int(cfg.replay_micro_batch_size),
+            token_budget=int(self.token_budget) if self.token_budget else None,
+            chunk_size=int(cfg.chunk_size) if cfg.chunk_size else None,
+            pad_id=int(self.pad_id),
+            layout="auto",
+            share_prompts=bool(cfg.share_prompts),
+        )
 
 
 def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:

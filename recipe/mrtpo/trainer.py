@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import replace
 from typing import Optional
 
@@ -43,16 +42,16 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.checkpoint_shards import missing_shards_line
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
-from recipe.mrtpo.core.advantage import top_token_share
-from recipe.mrtpo.core.render_cache import CachedRender
 from recipe.mrtpo.core.seeding import submission_order
 from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
-from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
+from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
-from recipe.mrtpo.rollout_render import RolloutRender, tools_key
+from recipe.mrtpo.rollout_render import RolloutRender
+from recipe.mrtpo.step_metrics import concentration, padding_rows, reward_metrics
+from recipe.mrtpo.step_plan import StepPlan, plan_step
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)
@@ -74,57 +73,6 @@ def _tolist(x) -> list:
 
 #: what the step reads of the batch besides verl's advantage fields, in one fetch (hooks get it in their context)
 STEP_FIELDS = ["extra_fields", "raw_prompt", "prompts"]
-
-#: verl 0.9.1's padding rows (``padding_utils.upsample_batch_to_divisible_size``): uid "pad" + uuid4 hex
-PAD_UID = re.compile(r"^pad[0-9a-f]{32}$")
-
-
-def padding_rows(batch, uid=None) -> torch.Tensor:
-    """[B] bool: the synthetic rows verl appends to make the batch divisible by the data-parallel size.
-
-    verl copies sample 0 (its reward extras included) under one pad uid, with a one-token response whose
-    response_mask is 0, and tags each ``is_padding=True`` (what its own metrics filter on). Recognised by
-    the tag, or by the pad uid where the batch meta carries no tags.
-    """
-    tags = list(getattr(batch, "tags", None) or [])
-    n = len(uid) if uid is not None else len(tags) if tags else len(batch)
-    out = torch.zeros(n, dtype=torch.bool)
-    if len(tags) == n:
-        out |= torch.tensor([bool(t.get("is_padding", False)) if isinstance(t, dict) else False for t in tags], dtype=torch.bool)
-    if uid is not None:
-        out |= torch.tensor([bool(PAD_UID.match(str(u))) for u in uid], dtype=torch.bool)
-    return out
-
-
-def reward_metrics(table: RewardTable, valid=None) -> dict:
-    """Per-reward mean and count over the responses that carry the reward, and the verifier errors.
-
-    ``valid`` ([B] bool): rows to count (verl's padding rows, copies of sample 0, are left out).
-    """
-    keep = torch.ones(table.scores.shape[0], dtype=torch.bool) if valid is None else torch.as_tensor(valid, dtype=torch.bool)
-    metrics: dict = {}
-    for k, name in enumerate(table.names):
-        col = table.scores[keep, k]
-        col = col[~torch.isnan(col)]
-        metrics[f"mrtpo/reward/{name}/mean"] = float(col.mean()) if col.numel() else float("nan")
-        metrics[f"mrtpo/reward/{name}/count"] = int(col.numel())
-    # a verifier that raised (the row has no scores) apart from a checker that failed on one reward (scored 0)
-    metrics["mrtpo/verifier_errors"] = float(sum(1 for r, v in zip(table.raised, keep.tolist()) if r and v))
-    metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
-    # of those, rows whose agent-loop record (multi-turn) was missing or malformed: every reward 0
-    metrics["mrtpo/record_errors"] = float(sum(1 for e, v in zip(table.record_errors, keep.tolist()) if e and v))
-    return metrics
-
-
-def _concentration(adv: torch.Tensor, mask: torch.Tensor) -> dict:
-    """How concentrated the step's final advantage is (the instability measures of docs/format_speed): the largest
-    |A_t| over valid tokens, and the top token's share of a response's sum_t A_t^2 (max and mean over responses)."""
-    share = top_token_share(adv, mask)
-    share = share[~torch.isnan(share)]
-    return {"mrtpo/adv_max_abs": float((adv.abs() * (mask > 0)).max()) if adv.numel() else 0.0,
-            "mrtpo/adv_top_share_max": float(share.max()) if share.numel() else float("nan"),
-            "mrtpo/adv_top_share_mean": float(share.mean()) if share.numel() else float("nan")}
-
 
 @register_trainer("mrtpo")
 class MRTPOTrainer(PPOTrainerSync):
@@ -197,6 +145,30 @@ class MRTPOTrainer(PPOTrainerSync):
             m = self._method = methods.resolve(self.config)
         return m
 
+    # ------------------------------------------------------------------ the step's plan
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
+        """verl's step (``PPOTrainer._step_once``, pinned in ``rollout_seed.ROLLOUT_SEED_SOURCES``), its
+        :class:`~recipe.mrtpo.step_plan.StepPlan` made first."""
+        self._begin_step()
+        return super()._step_once(metrics, timing_raw, sample_batch_size)
+
+    def _begin_step(self) -> StepPlan:
+        """Decide this step once (``step_plan.plan_step``): replay, fused old_log_prob, standing check, teacher pass."""
+        plan = self._plan = plan_step(self.method, self.mrtpo, self.config, int(self.global_steps),
+                                      checked_before=getattr(self, "_fused_checked", False))
+        if plan.standing_check:
+            self._fused_checked = True
+        return plan
+
+    @property
+    def plan(self) -> StepPlan:
+        """This step's plan: made at the start of verl's step, or by the first step method that reads it where the
+        step is driven without ``_step_once`` (a new ``global_steps`` makes a new plan)."""
+        plan = getattr(self, "_plan", None)
+        if plan is None or plan.global_step != int(self.global_steps):
+            plan = self._begin_step()
+        return plan
+
     # ------------------------------------------------------------------ the changed step
     def _compute_advantage(self, batch, metrics: dict):
         method, cfg = self.method, self.mrtpo
@@ -222,21 +194,20 @@ class MRTPOTrainer(PPOTrainerSync):
             logger.warning("mrtpo: every verifier of step %s raised (first: %s); the batch trains with zero advantage",
                            self.global_steps, next(e for e in table.errors if e))
             metrics["mrtpo/batches_without_scores"] = 1
-        step = max(0, int(self.global_steps) - 1)
-        strength = self._strength()
+        plan = self.plan
         replay = None
-        if method.replay is not None and strength > 0:
+        if plan.replay:
             replay = self._replay(batch, ab, table, fields)
             metrics.update(replay.metrics)
             metrics.update(replay.consistency_metrics(ab.response_mask, ab.data.batch.get("old_log_probs", None)))
-        elif method.replay is not None:
+        elif plan.replay_skipped:
             metrics["mrtpo/replay_skipped"] = 1.0  # strength 0 (warm-up start) or replay disabled: plain GDPO
 
-        inputs = AdvantageInputs(cfg, table, ab.uid, ab.response_mask.float(), valid, step, strength, replay,
+        inputs = AdvantageInputs(cfg, table, ab.uid, ab.response_mask.float(), valid, plan.step, plan.strength, replay,
                                  ab.data.batch.get("old_log_probs", None))
         adv = self._advantage(method, inputs, metrics)
         out = verl_seam.write_advantages(batch, ab, adv, adv)
-        if method.after_step is not None:
+        if plan.teacher_pass:
             _, row_render, _ = self._planner_renders(self._row_tools(batch, len(ab.uid)))  # the rows' tools, as the rollout's
             out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
                                                 self._render, self.actor_rollout_wg, self._actor_dp_size, row_render,
@@ -271,7 +242,7 @@ class MRTPOTrainer(PPOTrainerSync):
                 "mrtpo/pairs_weighted": stats.weighted_pairs,
                 "mrtpo/num_rewards": len(inputs.table.names),
                 "mrtpo/adv_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp(min=1)),
-                **_concentration(adv, mask),
+                **concentration(adv, mask),
                 **stats.extra,
             }
         )
@@ -308,40 +279,8 @@ class MRTPOTrainer(PPOTrainerSync):
         return [rr.tools_of(a, x if isinstance(x, dict) else None) for a, x in zip(agents, infos)]
 
     def _planner_renders(self, tools: Optional[list]):
-        """``(render, row_render, renders)``: the planner's CachedRender (its text through verl's chat-template
-        call with the rollout's arguments, its pieces tokenized together), one per distinct tool list."""
-        tok, rr = self.tokenizer, self._rollout_render
-        renders: dict[str, CachedRender] = {}
-
-        def make(t):
-            return CachedRender(render_text=lambda m: rr.render_text(tok, m, t),
-                                encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"])
-
-        def of(t):
-            key = tools_key(t)
-            if key not in renders:
-                renders[key] = make(t)
-            return renders[key]
-
-        render = of(None)
-        row_render = (lambda i: of(tools[i])) if tools is not None else None
-        return render, row_render, renders
-
-    def _strength(self) -> float:
-        """The method's schedule (beta_s, lambda_s) at this step, s = completed steps; 0 for a method without one."""
-        method = self.method
-        step = max(0, int(self.global_steps) - 1)
-        return method.strength(self.mrtpo, step, self.config) if method.strength is not None else 0.0
-
-    def _fuses_old_log_prob(self) -> bool:
-        """Whether this step's replay runs in the old_log_prob step (its forwards give verl's old_log_probs):
-        exactly when the advantage step will replay (the method has a replay pass and its strength at this
-        step is > 0, as ``_compute_advantage`` decides), the pass runs on the actor (not verl's reference
-        policy) and verl recomputes the log-probs (not its bypass mode)."""
-        if self.method.replay is None or self._strength() <= 0 or self.method.replay.on_reference(self.mrtpo):
-            return False
-        corr = self.config.algorithm.get("rollout_correction", None)
-        return not (corr and corr.get("bypass_mode", False))
+        """``(render, row_render, renders)`` of the rows' ``tools`` (``RolloutRender.planner_renders``)."""
+        return self._rollout_render.planner_renders(self.tokenizer, tools)
 
     def _load_checkpoint(self):
         """verl's resume, after refusing a checkpoint whose model shards are not all readable here
@@ -354,14 +293,15 @@ class MRTPOTrainer(PPOTrainerSync):
         return super()._load_checkpoint()
 
     def _compute_old_log_prob(self, batch, metrics: dict):
-        """verl's old_log_prob step, fused with the replay where the replay runs (``_fuses_old_log_prob``):
+        """verl's old_log_prob step, fused with the replay where the replay runs (``StepPlan.fuse_old_log_prob``):
         one pass engine forward per distinct sequence gives the relevance and verl's ``old_log_probs`` and
         ``entropy`` (a replayed variant that is the rollout prompt is not forwarded twice); written back as
         verl writes them (``verl_seam.write_old_log_probs``). ``_replay`` then returns that result."""
         self._fused_replay = None
-        if not self._fuses_old_log_prob():
+        plan = self.plan
+        if not plan.fuse_old_log_prob:
             return super()._compute_old_log_prob(batch, metrics)
-        check = self._fused_check_due()
+        check = plan.standing_check  # mrtpo.fused_check_every: the run's first fused step, then every N
         # the standing check: verl's own old_log_prob first (its calls write log_probs / entropy; the fused step's
         # entropy is written after them), then once more on the rows in reverse order (packed otherwise: the floor
         # rounding alone reaches), the fused pass's compared with both below
@@ -376,18 +316,6 @@ class MRTPOTrainer(PPOTrainerSync):
         if verl_lp is not None:
             self._fused_check(result.old_log_probs, verl_lp, verl_lp2, ob, batch, metrics)
         return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
-
-    def _fused_check_due(self) -> bool:
-        """Whether this fused step runs verl's own old_log_prob beside the fused pass (``mrtpo.fused_check_every``:
-        the run's first fused step, then every step with ``global_steps % N == 0``; never at 0)."""
-        every = int(self.mrtpo.fused_check_every)
-        if every <= 0:
-            return False
-        first = not getattr(self, "_fused_checked", False)
-        if first or int(self.global_steps) % every == 0:
-            self._fused_checked = True
-            return True
-        return False
 
     def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, verl_lp2: Optional[torch.Tensor], ob, batch,
                      metrics: dict) -> None:
@@ -433,14 +361,15 @@ class MRTPOTrainer(PPOTrainerSync):
         # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
         render, row_render, renders = self._planner_renders(self._row_tools(batch, len(messages)))
         on_ref = self.method.replay.on_reference(self.mrtpo)
-        result = run_replay(
-            self.mrtpo, table, ab.uid, messages, ab.data.batch["responses"], ab.response_mask,
+        request = PassRequest(
+            self.mrtpo, table, messages, ab.data.batch["responses"], ab.response_mask,
             rollout_prompts=_rows(meta["prompts"]), render=render,
             dispatch=self._dispatch_reference if on_ref else self._dispatch_replay,
             dp_size=self._dp_size("ref" if on_ref else "actor"),
             temperature=float(self.config.actor_rollout_ref.rollout.temperature), pad_id=int(self.tokenizer.pad_token_id or 0),
-            token_budget=token_budget(self.config, reference=on_ref), fused=fused, row_render=row_render,
+            token_budget=token_budget(self.config, reference=on_ref), row_render=row_render,
         )
+        result = run_replay(request, ab.uid, fused=fused)
         result.metrics["mrtpo/plan_piece_mismatches"] = sum(r.encoder.mismatches for r in renders.values())
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result

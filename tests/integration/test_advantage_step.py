@@ -63,21 +63,6 @@ class FakeTQ:
         return SimpleNamespace(keys=keys, partition_id=partition_id)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # random init barely reacts to the prompt: sharpen it
-        for p in model.parameters():
-            p.mul_(8.0)
-    return tok, model.eval()
-
-
 def render(tok, msgs):
     return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
 
@@ -360,7 +345,7 @@ def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_liv
         trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0]},
                                                    compute_replay_relevance=record("actor", worker.compute_replay_relevance))
         trainer.ref_policy_wg = SimpleNamespace(_dispatch_info={"ref": [0]}, compute_ref_replay=record("ref", worker.compute_ref_replay))
-        assert trainer._fuses_old_log_prob() == (teacher == "live")
+        assert trainer.plan.fuse_old_log_prob == (teacher == "live")
         metrics: dict = {}
         trainer._compute_advantage(Meta(keys=keys, partition_id="train"), metrics)
         (where, out), = got.items()

@@ -11,11 +11,11 @@ import pytest
 import torch
 from verl.utils.torch_functional import entropy_from_logits
 
-from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, render, tiny  # noqa: F401
+from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, render
 from recipe.mrtpo import verl_seam
 
 
-def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_step(monkeypatch, tiny):  # noqa: F811
+def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_step(monkeypatch, tiny):
     tok, model = tiny
     td, _, responses = make_batch(tok, model)
     want = td["old_log_probs"]  # the harness's own forward of [rollout prompt | response] (fp32)
@@ -27,7 +27,7 @@ def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_ste
     trainer.actor_rollout_wg.compute_log_prob = lambda *_: pytest.fail("verl's compute_log_prob ran on a fused step")
     meta = Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train")
     metrics: dict = {}
-    assert trainer._fuses_old_log_prob()
+    assert trainer.plan.fuse_old_log_prob
     trainer._compute_old_log_prob(meta, metrics)
     assert set(fake.put) == {"old_log_probs", "entropy"} and calls == [4]
     prompt = render(tok, MSGS)
@@ -49,20 +49,20 @@ def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_ste
     assert max(LENS) == fake.put["advantages"].to_padded_tensor(0.0).shape[1]
 
 
-def test_no_fusion_where_the_advantage_step_does_not_replay(tiny):  # noqa: F811
+def test_no_fusion_where_the_advantage_step_does_not_replay(tiny):
     tok, model = tiny
-    assert not make_trainer(tok, model, 1, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")[0]._fuses_old_log_prob()  # beta_0 = 0
-    assert not make_trainer(tok, model, 6, "mrtpo.replay=False")[0]._fuses_old_log_prob()
-    assert not make_trainer(tok, model, 6, "algorithm.adv_estimator=gdpo")[0]._fuses_old_log_prob()
+    assert not make_trainer(tok, model, 1, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")[0].plan.fuse_old_log_prob  # beta_0 = 0
+    assert not make_trainer(tok, model, 6, "mrtpo.replay=False")[0].plan.fuse_old_log_prob
+    assert not make_trainer(tok, model, 6, "algorithm.adv_estimator=gdpo")[0].plan.fuse_old_log_prob
     bypass = "+algorithm.rollout_correction={bypass_mode:true}"
-    assert not make_trainer(tok, model, 6, bypass)[0]._fuses_old_log_prob()
+    assert not make_trainer(tok, model, 6, bypass)[0].plan.fuse_old_log_prob
     # RLSD's initial teacher runs on verl's reference policy: never the actor's old_log_prob pass
     rlsd = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=rlsd", "actor_rollout_ref.actor.use_kl_loss=True")
-    assert make_trainer(tok, model, 6, *rlsd)[0]._fuses_old_log_prob()
-    assert not make_trainer(tok, model, 6, *rlsd, "mrtpo.rlsd_teacher=initial")[0]._fuses_old_log_prob()
+    assert make_trainer(tok, model, 6, *rlsd)[0].plan.fuse_old_log_prob
+    assert not make_trainer(tok, model, 6, *rlsd, "mrtpo.rlsd_teacher=initial")[0].plan.fuse_old_log_prob
 
 
-def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advantage(monkeypatch, tiny):  # noqa: F811
+def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advantage(monkeypatch, tiny):
     """RLSD with the live teacher on appended contexts: one dispatch forwards each response under P_all (the
     teacher) and under its rollout prompt (verl's old_log_probs), and the advantage step reuses it."""
     from integration.test_advantage_step import CTX_APPENDED, RLSD
@@ -80,7 +80,7 @@ def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advant
     fake = FakeTQ(td)
     monkeypatch.setattr(verl_seam, "tq", fake)
     trainer, calls = make_trainer(tok, model, 6, *RLSD, "mrtpo.fused_check_every=0")  # the check: its own test below
-    assert trainer._fuses_old_log_prob()
+    assert trainer.plan.fuse_old_log_prob
     trainer._compute_old_log_prob(meta, {})
     assert calls == [8]  # 4 rows under P_all, 4 under the rollout prompt, one dispatch
     for i in range(len(responses)):
@@ -106,7 +106,7 @@ def _verl_compute_log_prob(fake, prompt_len: int, want, shift: float = 0.0, call
     return compute_log_prob
 
 
-def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_fused_step(monkeypatch, tiny, caplog):  # noqa: F811
+def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_fused_step(monkeypatch, tiny, caplog):
     tok, model = tiny
     td, _, responses = make_batch(tok, model)
     want = td["old_log_probs"]

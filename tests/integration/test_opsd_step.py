@@ -19,6 +19,7 @@ import torch
 from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
+from integration.test_advantage_step import FakeTQ, Meta, render
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.replay import hf_forward
@@ -35,40 +36,7 @@ LENS = [7, 9, 5, 8]
 K = 4
 
 
-class FakeTQ:
-    def __init__(self, td: TensorDict):
-        self.td, self.put = td, {}
-
-    def kv_batch_get(self, keys, partition_id, select_fields):
-        return self.td.select(*[f for f in select_fields if f in self.td.keys()])
-
-    def kv_batch_put(self, keys, partition_id, fields):
-        self.put.update(dict(fields.items()))
-        return SimpleNamespace(keys=keys, partition_id=partition_id)
-
-
-class Meta(SimpleNamespace):
-    def __len__(self):
-        return len(self.keys)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=11)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(8.0)
-    return tok, model.eval()
-
-
-def render(tok, msgs):
-    return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+TINY_SEED = 11  # the suite's test model (tests/conftest.py: tiny, tiny_lm), this module's seed
 
 
 def logprobs_after(model, prompt, response):
@@ -77,7 +45,8 @@ def logprobs_after(model, prompt, response):
         return torch.log_softmax(model(input_ids=seq).logits[0, len(prompt) - 1 : -1].float(), -1)
 
 
-OPSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0")
+OPSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
 assert OPSD == __import__("recipe.mrtpo.methods", fromlist=["get"]).get("opsd").overrides  # ALGO=opsd's, written out
 GDPO_DISTILL = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=gdpo-distill")
 

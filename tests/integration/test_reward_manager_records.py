@@ -20,10 +20,10 @@ from verl import DataProto
 from data_prep.multi_turn import gold_record, multi_turn_row
 from recipe.mrtpo.reward_extras import ERROR_KEY, RECORD_ERROR_PREFIX, SCORES_KEY, read_reward_table
 from recipe.mrtpo.reward_manager import MRTPORewardManager
+from recipe.mrtpo.step_metrics import reward_metrics
 from recipe.mrtpo.tasks import record_field_of
 from recipe.mrtpo.tasks.multi_turn.official import load_category
 from recipe.mrtpo.tasks.multi_turn.trajectory import RECORD_FIELD
-from recipe.mrtpo.trainer import reward_metrics
 
 
 class NoDecode:

@@ -2,7 +2,10 @@
 
 ``recipe/mrtpo/verl_seam.py`` mirrors steps 1, 2 and 4 of verl 0.9.1's ``PPOTrainer._compute_advantage``.
 These tests fail when the installed verl's method is not the pinned one (with a diff against the copy in
-``tests/integration/data/``), and check the mirrored details against the upstream text itself.
+``tests/integration/data/``), and check the mirrored details against the upstream text itself. The other pins
+(``recipe/mrtpo/source_pins.py`` reads them), each kept next to the code it guards, are checked here too: verl's
+numerics and distillation path (``verl_seam``), the BFCL loop's verl pieces (``agent/pins.py``), SDPO's
+(``methods/sdpo/pins.py``) and the rollout seeds' (``rollout_seed.py``).
 """
 
 import re
@@ -10,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo import verl_seam
+from recipe.mrtpo import rollout_seed, verl_seam
+from recipe.mrtpo.agent import pins as agent_pins
+from recipe.mrtpo.methods.sdpo import pins as sdpo_pins
+from recipe.mrtpo.source_pins import file_source, named_source
 
 PINNED = Path(__file__).resolve().parent / "data" / "verl_0.9.1_compute_advantage.py.txt"
 
@@ -80,25 +86,25 @@ def test_the_numerics_the_pass_engine_reproduces_are_verls_pinned_ones():
 
 def test_the_self_teachers_distillation_path_is_verl_0_9_1s():
     assert verl_seam.check_distillation_sources() == [], "verl changed: re-check recipe/mrtpo/methods/opsd/loss.py"
-    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    out = named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
     assert 'distillation_use_topk = tu.get_non_tensor_data(data=micro_batch, key="distillation_use_topk", default=False)' in out
     assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out
-    ppo = verl_seam.named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
+    ppo = named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
     assert "if student_logits is not None:" in ppo  # the logits-processor call
     assert "if not distillation_loss_config.use_task_rewards and not distillation_loss_config.use_policy_gradient:" in ppo
-    init = verl_seam.named_source("verl.workers.engine_workers:ActorRolloutRefWorker.init_model")
+    init = named_source("verl.workers.engine_workers:ActorRolloutRefWorker.init_model")
     assert "distillation_ppo_loss, config=actor_config, distillation_config=distillation_config" in " ".join(init.split())
     assert "self.actor.set_loss_fn(self.loss_fn)" in init  # what worker.update_actor calls with the recipe's loss
 
 
 def test_the_mirrored_numerics_lines_are_upstream():
-    fwd = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step")
+    fwd = named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step")
     for line in ('autocast_dtype = getattr(self, "_autocast_dtype", torch.bfloat16)',
                  "if autocast_dtype == torch.float32", "else torch.autocast(device_type=device_name, dtype=autocast_dtype)"):
         assert line in fwd, line  # worker.engine_autocast
-    scale = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:_scale_logits_by_temperature")
+    scale = named_source("verl.workers.engine.fsdp.transformer_impl:_scale_logits_by_temperature")
     assert "return logits / temperature.clamp(min=1e-8).to(logits.dtype)" in scale  # passes.scale_logits
-    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    out = named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
     assert "log_probs = logprobs_from_logits(" in out and "entropy = verl_F.entropy_from_logits(logits)" in out
 
 
@@ -143,17 +149,17 @@ def test_the_standing_checks_call_is_verls_step_1():
 
 # ------------------------------------------------------------------ the BFCL agent loop's reliance on verl
 def test_the_agent_loop_pieces_are_verls_pinned_ones():
-    assert verl_seam.check_agent_loop_sources() == [], "verl changed: re-check recipe/mrtpo/agent/bfcl_loop.py"
+    assert agent_pins.check_agent_loop_sources() == [], "verl changed: re-check recipe/mrtpo/agent/bfcl_loop.py"
 
 
 def test_the_agent_loops_mirrored_lines_are_upstream():
     from recipe.mrtpo.agent.bfcl_loop import _VERL_KWARGS, truncate_tool_text
 
-    run = verl_seam.named_source("verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop")
+    run = named_source("verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop")
     for kw in sorted(_VERL_KWARGS - {"name"}):  # the keyword arguments verl passes to every loop
         assert f"{kw}=" in run, kw
     assert "tools=ToolListWrap(self.tools)" in run  # the loop accepts and ignores verl's tools
-    call_tool = verl_seam.named_source("verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop._call_tool")
+    call_tool = named_source("verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop._call_tool")
     for line in ('"(truncated)..." + tool_response_text[-self.max_tool_response_length :]',
                  'tool_response_text[: self.max_tool_response_length] + "...(truncated)"',
                  'tool_response_text[:length] + "...(truncated)..." + tool_response_text[-length:]',
@@ -162,34 +168,34 @@ def test_the_agent_loops_mirrored_lines_are_upstream():
     assert truncate_tool_text("abcdefgh", 4, "left") == "(truncated)...efgh"
     assert truncate_tool_text("abcdefgh", 4, "right") == "abcd...(truncated)"
     assert truncate_tool_text("abcdefgh", 4, "middle") == "ab...(truncated)...gh"
-    align = verl_seam.named_source("verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata")
+    align = named_source("verl.utils.tokenizer.continuous_token:ContinuousTokenBuilder.align_response_metadata")
     assert "aligned_mask += [1] * merge_result.appended_token_count" in align
     assert "aligned_mask += [0] * merge_result.appended_token_count" in align and "[0] * inserted_token_count" in align
 
 
 def test_the_verl_code_sdpo_relies_on_is_the_pinned_one():
     """SDPO's loss and EMA teacher rely on verl's distillation-loss registry and loss path, the v1 trainer's
-    checkpoint calls and the worker's update / checkpoint methods (verl_seam.SDPO_SOURCES)."""
-    assert verl_seam.check_sdpo_sources() == [], "verl changed: re-check recipe/mrtpo/methods/sdpo/ and worker.py (SDPO)"
+    checkpoint calls and the worker's update / checkpoint methods (methods/sdpo/pins.py: SDPO_SOURCES)."""
+    assert sdpo_pins.check_sdpo_sources() == [], "verl changed: re-check recipe/mrtpo/methods/sdpo/ and worker.py (SDPO)"
     # the lines SDPO's loss and checkpoint rely on, in verl's text
-    loss = verl_seam.named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
+    loss = named_source("verl.trainer.distillation.losses:distillation_ppo_loss")
     assert "if not distillation_loss_config.use_task_rewards and not distillation_loss_config.use_policy_gradient:" in loss
     assert "return compute_topk_loss(config, distillation_config, data, student_logits, data_format)" in loss
-    save = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")
+    save = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")
     assert 'actor_local_path = os.path.join(local_global_step_folder, "actor")' in save
-    load = verl_seam.named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint")
+    load = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint")
     assert 'local_path=os.path.join(global_step_folder, "actor")' in load
-    out = verl_seam.named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
+    out = named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs")
     assert "outputs = logits_processor_func(student_logits=logits_rmpad.unsqueeze(0), data=micro_batch)" in out
 
 
 # ------------------------------------------------------------------ the rollout's per-request seeds
 def test_the_functions_the_rollout_seeds_rely_on_are_verls_pinned_ones():
-    assert verl_seam.check_rollout_seed_sources() == [], "verl changed: re-check recipe/mrtpo/rollout_seed.py"
+    assert rollout_seed.check_rollout_seed_sources() == [], "verl changed: re-check recipe/mrtpo/rollout_seed.py"
 
 
 def test_the_rollout_seeds_assumptions_are_upstream_lines():
-    src = {n.rsplit(":", 1)[1]: verl_seam.file_source(n) for n in verl_seam.ROLLOUT_SEED_SOURCES}
+    src = {n.rsplit(":", 1)[1]: file_source(n) for n in rollout_seed.ROLLOUT_SEED_SOURCES}
     # verl's server seeds a request only when the caller did not (our seed wins, also under full_determinism) ...
     assert 'sampling_params.setdefault("seed", self.replica_rank + self.config.seed)' in src["vLLMHttpServer.generate"]
     assert "SamplingParams(max_tokens=max_tokens, **sampling_params)" in src["vLLMHttpServer.generate"]
@@ -212,17 +218,15 @@ def test_the_rollout_seeds_assumptions_are_upstream_lines():
 
 def test_the_rollout_seed_guard_notices_a_changed_line(monkeypatch):
     name = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.generate"
-    real = verl_seam.file_source
-    monkeypatch.setattr(verl_seam, "file_source",
+    real = file_source
+    monkeypatch.setattr(rollout_seed, "file_source",
                         lambda n: real(n).replace("setdefault(\"seed\"", "__setitem__(\"seed\"") if n == name else real(n))
-    assert verl_seam.check_rollout_seed_sources() == [name]
+    assert rollout_seed.check_rollout_seed_sources() == [name]
 
 
 def test_the_recipe_config_selects_the_seeded_manager_and_it_subclasses_verls():
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
-
-    from recipe.mrtpo import rollout_seed
 
     yaml = OmegaConf.load(Path(verl_seam.__file__).parent / "config" / "mrtpo_trainer.yaml")
     fqn = yaml.actor_rollout_ref.rollout.agent.agent_loop_manager_class

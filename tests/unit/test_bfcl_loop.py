@@ -523,12 +523,13 @@ def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monke
 
 
 def test_the_bfcl_sources_followed_are_the_pinned_ones():
-    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.agent.pins import check_bfcl_sources
+    from recipe.mrtpo.source_pins import named_source
 
     def bfcl_source(name):
-        return verl_seam.named_source(name, package="bfcl_eval")
+        return named_source(name, package="bfcl_eval")
 
-    assert verl_seam.check_bfcl_sources() == [], "bfcl-eval changed: re-check recipe/mrtpo/agent/bfcl_env.py"
+    assert check_bfcl_sources() == [], "bfcl-eval changed: re-check recipe/mrtpo/agent/bfcl_env.py"
     # the restated lines, as BFCL writes them
     conv = bfcl_source("model_handler/utils.py:convert_to_function_call")
     assert "f\"{key}({','.join([f'{k}={repr(v)}' for k,v in value.items()])})\"" in conv  # call_string

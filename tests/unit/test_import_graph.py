@@ -11,7 +11,8 @@ package ``a.b`` also runs ``a.b``'s ``__init__``: it is an edge to that package 
   trainer's glue: tools, config and the run scripts' command line read the registry without verl's trainer;
 - ``recipe.mrtpo.tools`` reaches neither the glue nor ``data_prep``;
 - the registry's command line (``python3 -m recipe.mrtpo.methods``, called by the run scripts with any
-  python3) imports only the standard library at module level.
+  python3) imports only the standard library at module level;
+- no module of ``recipe/`` is longer than :data:`MAX_MODULE_LINES` lines (a module has one job).
 """
 
 from __future__ import annotations
@@ -185,6 +186,20 @@ def violations(root: Path = REPO) -> list[str]:
     return sorted(set(out))
 
 
+#: the house's limit on a module's length, in lines
+MAX_MODULE_LINES = 450
+
+
+def oversized(root: Path = REPO, package: str = "recipe", limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``path: N lines`` for every module of ``package`` longer than ``limit`` lines."""
+    out = []
+    for p in sorted((root / package).rglob("*.py")):
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > limit:
+            out.append(f"{p.relative_to(root)}: {n} lines")
+    return out
+
+
 def _lazy_edges(graph) -> list[str]:
     return sorted(f"{a} -> {b}" for a, es in graph.items() for b, lazy in es.items() if lazy)
 
@@ -236,3 +251,12 @@ def test_relative_and_absolute_imports_resolve_to_the_same_module(tmp_path, rel)
         (tmp_path / f).write_text(text)
     graph, _ = build_graph(tmp_path)
     assert "recipe.pkg.b" in graph["recipe.pkg.a"]
+
+
+def test_no_module_of_the_recipe_is_longer_than_the_limit(tmp_path):
+    assert oversized() == [], f"split these modules (at most {MAX_MODULE_LINES} lines each)"
+    # the check finds one line too many
+    (tmp_path / "recipe" / "pkg").mkdir(parents=True)
+    (tmp_path / "recipe" / "pkg" / "ok.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "recipe" / "pkg" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized(tmp_path) == [f"recipe/pkg/long.py: {MAX_MODULE_LINES + 1} lines"]

@@ -25,6 +25,7 @@ from recipe.mrtpo.methods.opsd.teacher import (
     topk_mass,
     topk_overlap,
 )
+from recipe.mrtpo.pass_driver import PassRequest
 from recipe.mrtpo.reward_extras import RewardTable
 
 MSGS = [{"role": "user", "content": "List the three longest tracks. Answer with one SQL query."}]
@@ -34,19 +35,7 @@ CTX_PROMPT = {"format": {"text": "Answer with one SQL query.", "placement": "pro
 TEMP = 0.9
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=7)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # random init barely reacts to the prompt: sharpen it
-        for p in model.parameters():
-            p.mul_(8.0)
-    return tok, model.eval()
+TINY_SEED = 7  # the suite's test model (tests/conftest.py: tiny, tiny_lm), this module's seed
 
 
 def render_fn(tok):
@@ -292,8 +281,9 @@ def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
             return opsd_teacher_rows(hf_forward(model), td, "cpu", sync=None)
 
     old = torch.stack([direct_logprobs(model, rollout, responses[i]).gather(-1, responses[i, :, None])[:, 0] for i in range(B)])
-    teacher = run_opsd_teacher(cfg, table, [MSGS] * B, responses, mask, [rollout] * B, render, dispatch, dp_size=2,
-                               temperature=TEMP, pad_id=0, old_log_probs=old)
+    request = PassRequest(cfg, table, [MSGS] * B, responses, mask, [rollout] * B, render, dispatch, dp_size=2,
+                          temperature=TEMP, pad_id=0)
+    teacher = run_opsd_teacher(request, old_log_probs=old)
     assert sizes == [4]  # padded to the data-parallel size
     m = teacher.metrics
     assert teacher.privileged == [True, False, False]

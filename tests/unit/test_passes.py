@@ -18,20 +18,6 @@ from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 PACKED = dict(layout="packed", packed_attention="block_mask")
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # sharpen the random init so that prompts matter measurably
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m.eval()
-
-
 def batch(R=5, NV=3, P=9, T=12, seed=0):
     """Rows of uneven prompt and response lengths, one mask with gaps, one row replaying nothing."""
     g = torch.Generator().manual_seed(seed)
@@ -81,27 +67,27 @@ def test_packed_inputs_restart_positions_keep_response_rows_and_mask_blocks():
     assert resolve_layout("auto", "sdpa") == ("sorted", "block_mask")
 
 
-def test_what_keeps_packed_sequences_apart_under_sdpa(model):
+def test_what_keeps_packed_sequences_apart_under_sdpa(tiny_lm):
     """The block mask does; so does no mask at all (transformers 5.9 then derives the blocks from the
     restarting position ids, as flash-attention's varlen path does); a plain 2D mask of ones does not."""
     prompts = torch.randint(0, 150_000, (2, 1, 6), generator=torch.Generator().manual_seed(3))
     responses = torch.randint(0, 150_000, (2, 5), generator=torch.Generator().manual_seed(4))
     mb = row_sequences(0, [0], [6], 5) + row_sequences(1, [0], [6], 5)
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
     with torch.no_grad():
         ids, attn, pos, keep, _ = forward_inputs(mb, prompts, responses, PassSettings(**PACKED))
         masked = fwd(ids, attn, pos, keep)[0, 5:]
         no_mask = fwd(ids, None, pos, keep)[0, 5:]
         ones = fwd(ids, torch.ones_like(ids), pos, keep)[0, 5:]
-        alone = model(input_ids=torch.cat([prompts[1, 0], responses[1]])[None]).logits[0, 5:10]
+        alone = tiny_lm(input_ids=torch.cat([prompts[1, 0], responses[1]])[None]).logits[0, 5:10]
     assert (masked - alone).abs().max() < 1e-4 and (no_mask - alone).abs().max() < 1e-4
     assert (ones - alone).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("budget", [None, 40])
-def test_replay_is_the_same_in_every_layout(model, budget):
+def test_replay_is_the_same_in_every_layout(tiny_lm, budget):
     ids, lens, resp, mask, pair = batch()
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
     lpv = torch.tensor([0, 2, 0, 1, 0])
     outs = {}
     with torch.no_grad():
@@ -121,11 +107,11 @@ def test_replay_is_the_same_in_every_layout(model, budget):
     assert int(outs["single"]["tokens_forwarded"]) == existing  # one unpadded sequence a forward
 
 
-def test_teacher_is_the_same_in_every_layout_with_gaps(model):
+def test_teacher_is_the_same_in_every_layout_with_gaps(tiny_lm):
     ids, lens, resp, mask, _ = batch(seed=1)
     prompt_ids, prompt_lens = ids[:, 0], lens[:, 0].clone()
     prompt_lens[3] = 0  # a padding row: no forward
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
     with torch.no_grad():
         outs = {lay: teacher_topk_rows(fwd, prompt_ids, prompt_lens, resp, mask, k=4, temperature=0.8, micro_batch_size=2,
                                        token_budget=50, layout=lay, packed_attention="block_mask")
@@ -134,7 +120,7 @@ def test_teacher_is_the_same_in_every_layout_with_gaps(model):
         for r in (0, 1, 2, 4):
             n = int((torch.arange(1, resp.shape[1] + 1) * mask[r]).max())
             seq = torch.cat([prompt_ids[r, -int(prompt_lens[r]):], resp[r, :n]])[None]
-            lp = torch.log_softmax(model(input_ids=seq).logits[0, int(prompt_lens[r]) - 1 : -1] / 0.8, -1)
+            lp = torch.log_softmax(tiny_lm(input_ids=seq).logits[0, int(prompt_lens[r]) - 1 : -1] / 0.8, -1)
             v, i = lp.topk(4, -1)
             m = mask[r, :n] > 0
             for out in outs.values():
@@ -172,7 +158,7 @@ def test_pass_settings_travel_and_missing_ones_are_named():
     assert isinstance(row_sequences(0, [0, 2], [5, 4], 3)[1], PassSequence) and row_sequences(0, [0, 2], [5, 4], 3)[1].last_of_row
 
 
-def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
+def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(tiny_lm):
     """run_replay(fused=True) through the worker's row function: every sample's old_log_probs and entropy
     equal verl's own functions on a plain forward of [rollout prompt | response] (fp32, 1e-5), whether its
     row is replayed with P_all as the rollout prompt, replayed with a P_all that is not (an appended block),
@@ -183,6 +169,7 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
 
     from recipe.mrtpo.config import mrtpo_config
     from recipe.mrtpo.core.passes import PassSettings as PS
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
     from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
@@ -209,7 +196,7 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
     mask[1, 6:] = 0
     mask[4, 2:4] = 0  # a gap
     rollout = [render(msgs)] * B
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
 
     def dispatch(inputs, settings):
         td = TensorDict(dict(inputs), batch_size=[inputs["pair_variant"].shape[0]])
@@ -221,16 +208,16 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(model):
 
     table = RewardTable(names=names, scores=scores, contexts=contexts, errors=[""] * B)
     cfg = mrtpo_config({})
-    args = (cfg, table, index, [msgs] * B, responses, mask, rollout, render, dispatch)
-    fused = run_replay(*args, dp_size=2, temperature=0.8, pad_id=0, fused=True)
-    plain = run_replay(*args, dp_size=1, temperature=0.8, pad_id=0)
+    args = (cfg, table, [msgs] * B, responses, mask, rollout, render, dispatch)
+    fused = run_replay(PassRequest(*args, dp_size=2, temperature=0.8, pad_id=0), index, fused=True)
+    plain = run_replay(PassRequest(*args, dp_size=1, temperature=0.8, pad_id=0), index)
     assert torch.allclose(fused.relevance, plain.relevance, atol=1e-5) and fused.rows == plain.rows == [0, 1, 2, 3]
     assert fused.logprobs_are_rollout_prompt == [True, True, False, False]  # rows 2, 3 replay only a: both their variants carry the block
     with torch.no_grad():
         for i in range(B):
             n = int((torch.arange(1, T + 1) * mask[i]).max())
             seq = torch.tensor([rollout[i] + responses[i, :n].tolist()])
-            logits = model(input_ids=seq).logits[0, len(rollout[i]) - 1 : -1] / 0.8
+            logits = tiny_lm(input_ids=seq).logits[0, len(rollout[i]) - 1 : -1] / 0.8
             m = mask[i, :n] > 0
             want_lp = logprobs_from_logits(logits, responses[i, :n])
             want_h = entropy_from_logits(logits)

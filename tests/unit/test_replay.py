@@ -21,20 +21,7 @@ def pack_micro_batches(seqs, micro_batch_size, token_budget=None):  # the arriva
     return plan_forwards(seqs, PassSettings(micro_batch_size=micro_batch_size, token_budget=token_budget, layout="padded"))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=3)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    # random init at std 0.02 barely reacts to the prompt: sharpen so that prompts matter measurably
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(8.0)
-    return tok, model.eval()
+TINY_SEED = 3  # the suite's test model (tests/conftest.py: tiny, tiny_lm), this module's seed
 
 
 def pack(plans, responses, pad_id):

@@ -79,6 +79,7 @@ def test_reward_extras_reads_transferqueue_layout():
 def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
     """The workers answer one half-precision row per variant; the driver returns [B, K, T] fp32 (§5)."""
     from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
 
@@ -100,8 +101,8 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
                 "replay_forwards": forwards[:R]}
 
     table = RewardTable(names=["a", "b"], scores=scores, contexts=[ctx] * 4, errors=[""] * 4)
-    res = run_replay(mrtpo_config({}), table, index, [msgs] * 4, responses, mask, [render(msgs)] * 4, render, dispatch,
-                     dp_size=2, temperature=1.0, pad_id=0, token_budget=96)
+    res = run_replay(PassRequest(mrtpo_config({}), table, [msgs] * 4, responses, mask, [render(msgs)] * 4, render, dispatch,
+                                 dp_size=2, temperature=1.0, pad_id=0, token_budget=96), index)
     assert seen["settings"]["token_budget"] == 96 and seen["rows"] == 2
     assert res.relevance.dtype == torch.float32 and res.relevance.shape == (4, 2, T) and res.rows == [0, 1]
     expect = ((responses[:2, :1, None].float() + torch.arange(2 * T).view(1, 2, T)) / 100).to(torch.bfloat16).float()
@@ -122,6 +123,7 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
     """Tool-calling-like rows: the only Z is appended, so P_minus_k (no verifier block) is the rollout prompt;
     the driver asks the workers for that variant's log-probs and marks the row for the consistency check."""
     from recipe.mrtpo.config import mrtpo_config
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
 
@@ -137,8 +139,9 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
         return {"variant_relevance": torch.zeros(R, NV - 1, T), "replay_logprobs": torch.full((R, T), -1.0)}
 
     table = RewardTable(names=["correctness", "format"], scores=scores, contexts=[ctx] * 2, errors=[""] * 2)
-    res = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
-                     torch.ones(2, T, dtype=torch.long), [render(msgs)] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
+    index = np.array(["g", "g"], dtype=object)
+    res = run_replay(PassRequest(mrtpo_config({}), table, [msgs] * 2, torch.zeros(2, T, dtype=torch.long), torch.ones(2, T, dtype=torch.long),
+                                 [render(msgs)] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0), index)
     assert seen["lpv"] == [1, 1] and res.logprobs_are_rollout_prompt == [True, True]
     m = res.consistency_metrics(torch.ones(2, T), torch.full((2, T), -1.0))
     assert m["mrtpo/consistency/rows"] == 2 and m["mrtpo/consistency/max_abs_logprob_diff"] == 0.0
@@ -156,8 +159,8 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
     assert abs(t["mrtpo/consistency/mean_abs_logprob_diff"] - (1.0 + 9e-3) / 200) < 1e-7
     assert 1e-3 - 1e-6 < t["mrtpo/consistency/p99_abs_logprob_diff"] < 1.0
     # a rollout prompt that matches no variant: no consistency row
-    res2 = run_replay(mrtpo_config({}), table, np.array(["g", "g"], dtype=object), [msgs] * 2, torch.zeros(2, T, dtype=torch.long),
-                      torch.ones(2, T, dtype=torch.long), [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0)
+    res2 = run_replay(PassRequest(mrtpo_config({}), table, [msgs] * 2, torch.zeros(2, T, dtype=torch.long), torch.ones(2, T, dtype=torch.long),
+                                  [[7, 7]] * 2, render, dispatch, dp_size=1, temperature=1.0, pad_id=0), index)
     assert seen["lpv"] == [0, 0] and res2.logprobs_are_rollout_prompt == [False, False]
     assert res2.consistency_metrics(torch.ones(2, T), torch.zeros(2, T)) == {"mrtpo/consistency/rows": 0}
 

@@ -41,18 +41,7 @@ def tok(tmp_path_factory):
     return t
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=3)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # random init barely reacts to the prompt: sharpen so that the verifier block matters
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m.eval()
+TINY_SEED = 3  # the suite's test model (tests/conftest.py: tiny, tiny_lm), this module's seed
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +69,7 @@ def js_distance(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
     return ((0.5 * kl(p) + 0.5 * kl(q)) / math.log(2)).clamp_min(0).sqrt().float()
 
 
-def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model, trajectory):
+def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, tiny_lm, trajectory):
     from omegaconf import OmegaConf
     from tensordict import TensorDict
 
@@ -89,6 +78,7 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
     from recipe.mrtpo.core.render_cache import CachedRender
     from recipe.mrtpo.core.replay import hf_forward
+    from recipe.mrtpo.pass_driver import PassRequest
     from recipe.mrtpo.replay_driver import run_replay
     from recipe.mrtpo.reward_extras import RewardTable
     from recipe.mrtpo.rollout_render import RolloutRender
@@ -117,7 +107,7 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     # row's tools, its pieces tokenized together
     cached = CachedRender(render_text=lambda m: rr.render_text(tok, m, tools),
                           encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"])
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
 
     def dispatch(inputs, settings):
         td = TensorDict(dict(inputs), batch_size=[inputs["pair_variant"].shape[0]])
@@ -128,9 +118,8 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
 
     table = RewardTable(names=names, scores=scores, contexts=[contexts] * 2, errors=[""] * 2)
     index = np.array(["g", "g"], dtype=object)
-    res = run_replay(mrtpo_config({}), table, index, [raw_prompt] * 2, responses, masks, [list(out.prompt_ids)] * 2,
-                     cached, dispatch, dp_size=1, temperature=TEMPERATURE, pad_id=0,
-                     row_render=lambda i: cached)
+    res = run_replay(PassRequest(mrtpo_config({}), table, [raw_prompt] * 2, responses, masks, [list(out.prompt_ids)] * 2,
+                                 cached, dispatch, dp_size=1, temperature=TEMPERATURE, pad_id=0, row_render=lambda i: cached), index)
     assert res.replayed[:, k_state].all() and not res.replayed[:, [k for k in range(len(names)) if k != k_state]].any()
     assert res.metrics.get("mrtpo/pairs_fallback", 0) == 0
     q = res.relevance[0, k_state]
@@ -149,7 +138,7 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, model,
     with torch.no_grad():
         def logits(prompt):
             seq = torch.tensor([list(prompt) + out.response_ids])  # the logits of positions P-1 .. P+T-2 only
-            return model(input_ids=seq, logits_to_keep=T + 1).logits[0, :T] / TEMPERATURE
+            return tiny_lm(input_ids=seq, logits_to_keep=T + 1).logits[0, :T] / TEMPERATURE
 
         want = js_distance(logits(p_all), logits(p_minus)) * mask
     m = mask > 0

@@ -279,20 +279,6 @@ def test_the_ema_teacher_survives_save_and_resume_bit_for_bit(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- the teacher pass, tiny Qwen2
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # a random init barely reacts to the prompt: sharpen it
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m.eval()
-
-
 def direct(model, prompt, response, temp):
     seq = torch.tensor([list(prompt) + response.tolist()])
     with torch.no_grad():
@@ -300,9 +286,9 @@ def direct(model, prompt, response, temp):
     return torch.log_softmax(lg / temp, -1)
 
 
-def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(qwen):
-    student = copy.deepcopy(qwen)
-    teacher_model = copy.deepcopy(qwen)
+def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(tiny_lm):
+    student = copy.deepcopy(tiny_lm)
+    teacher_model = copy.deepcopy(tiny_lm)
     with torch.no_grad():
         for p in teacher_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -320,7 +306,7 @@ def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(qwe
                      "student_prompt_lens": torch.tensor([5, 5]), "responses": responses, "response_mask": mask}, batch_size=[2])
     for key in TEACHER_SETTINGS:
         td.set_non_tensor(key, {"temperature": temp, "micro_batch_size": 2, "token_budget": 0, "chunk_size": 0,
-                                "pad_token_id": 0, "topk": k, "layout": "auto"}[key])
+                                "pad_token_id": 0, "topk": k, "layout": "auto", "share_prompts": False}[key])
     before = [p.detach().clone() for p in student.parameters()]
     got = w.compute_sdpo_teacher(td)
     assert all(torch.equal(p, b) for p, b in zip(student.parameters(), before))  # the student's weights are back

@@ -11,20 +11,6 @@ from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 SHARED = dict(layout="packed", packed_attention="block_mask", share_prompts=True)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # sharpen the random init so that prompts matter measurably
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m.eval()
-
-
 def group_batch(groups=(4, 3), NV=3, P=10, T=12, seed=0):
     """Groups of rows sharing their prompt variants (uneven sizes), responses of uneven lengths with one gap."""
     g = torch.Generator().manual_seed(seed)
@@ -77,9 +63,9 @@ def test_plan_keeps_rows_whole_groups_together_and_bounds_the_shared_length():
 
 
 @pytest.mark.parametrize("budget", [None, 60])
-def test_shared_replay_equals_the_unshared_one_at_the_limit(model, budget):
+def test_shared_replay_equals_the_unshared_one_at_the_limit(tiny_lm, budget):
     ids, lens, resp, mask, pair = group_batch()
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
     lpv = torch.tensor([0, 2, 0, 1, 0, 0, 0])
     with torch.no_grad():
         shared = replay_relevance(fwd, ids, lens, resp, mask, pair, settings=PassSettings(
@@ -98,10 +84,10 @@ def test_shared_replay_equals_the_unshared_one_at_the_limit(model, budget):
         assert int(shared["tokens_forwarded"]) == sum(prompts.values()) + sum(s.resp_len for s in seqs)
 
 
-def test_shared_teacher_topk_equals_each_sequence_alone(model):
+def test_shared_teacher_topk_equals_each_sequence_alone(tiny_lm):
     ids, lens, resp, mask, _ = group_batch(seed=1)
     prompt_ids, prompt_lens = ids[:, 0], lens[:, 0].clone()
-    fwd = hf_forward(model)
+    fwd = hf_forward(tiny_lm)
     with torch.no_grad():
         out = teacher_topk_rows(fwd, prompt_ids, prompt_lens, resp, mask, k=4, temperature=0.8, micro_batch_size=8,
                                 token_budget=70, layout="packed", packed_attention="block_mask",
@@ -109,7 +95,7 @@ def test_shared_teacher_topk_equals_each_sequence_alone(model):
         for r in range(ids.shape[0]):
             n = int((torch.arange(1, resp.shape[1] + 1) * mask[r]).max())
             seq = torch.cat([prompt_ids[r, -int(prompt_lens[r]):], resp[r, :n]])[None]
-            lp = torch.log_softmax(model(input_ids=seq).logits[0, int(prompt_lens[r]) - 1 : -1] / 0.8, -1)
+            lp = torch.log_softmax(tiny_lm(input_ids=seq).logits[0, int(prompt_lens[r]) - 1 : -1] / 0.8, -1)
             v, i = lp.topk(4, -1)
             m = mask[r, :n] > 0
             assert torch.allclose(out["topk_logprobs"][r, :n][m], v[m], atol=1e-5)

@@ -47,20 +47,6 @@ class Engine:
             self.module.train()
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from recipe.mrtpo.cpu.tiny_model import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, seed=5)
-    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():  # a random init barely reacts to the prompt: sharpen it
-        for p in m.parameters():
-            p.mul_(8.0)
-    return m
-
-
 def worker_around(engine):
     w = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)  # no Ray, no FSDP: only the binding
     w.actor = SimpleNamespace(engine=engine)
@@ -96,34 +82,34 @@ def rows():
     return replay, opsd
 
 
-def test_the_worker_passes_equal_the_row_functions_in_eval_mode_without_grad(model):
+def test_the_worker_passes_equal_the_row_functions_in_eval_mode_without_grad(tiny_lm):
     replay, opsd = rows()
-    engine = Engine(model)
+    engine = Engine(tiny_lm)
     seen = []  # (grad enabled, training) at each forward
-    hook = model.register_forward_pre_hook(lambda m, _: seen.append((torch.is_grad_enabled(), m.training)))
-    model.train()
+    hook = tiny_lm.register_forward_pre_hook(lambda m, _: seen.append((torch.is_grad_enabled(), m.training)))
+    tiny_lm.train()
     try:
         got = worker_around(engine).compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
     finally:
         hook.remove()
     assert seen and set(seen) == {(False, False)}  # every forward in eval mode without grad
-    assert engine.entered == [True] and model.training  # through the engine's eval_mode, restored after
-    model.eval()
+    assert engine.entered == [True] and tiny_lm.training  # through the engine's eval_mode, restored after
+    tiny_lm.eval()
     with torch.no_grad():
-        want = replay_rows(hf_forward(model), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
+        want = replay_rows(hf_forward(tiny_lm), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
     for key in ("variant_relevance", "replay_logprobs", "replay_forwards"):
         assert torch.equal(got[key], want[key]), key
     assert got["variant_relevance"].abs().sum() > 0 and got["replay_forwards"][:, :2].tolist() == [[2, 2]] * 2  # 4 sequences, 2 a forward
 
     got = worker_around(engine).compute_opsd_teacher(with_settings(opsd, TEACHER_SETTINGS))
     with torch.no_grad():
-        want = opsd_teacher_rows(hf_forward(model), with_settings(opsd, TEACHER_SETTINGS), "cpu", sync=None)
+        want = opsd_teacher_rows(hf_forward(tiny_lm), with_settings(opsd, TEACHER_SETTINGS), "cpu", sync=None)
     for key in ("teacher_topk_logprobs", "teacher_topk_ids", "teacher_token_logprobs", "teacher_forwards"):
         assert torch.equal(got[key], want[key]), key
     assert got["teacher_topk_ids"].shape == (2, 5, 3) and len(engine.entered) == 2
 
 
-def test_the_worker_runs_each_forward_under_the_engines_autocast_and_rounds_as_verl(model, monkeypatch):
+def test_the_worker_runs_each_forward_under_the_engines_autocast_and_rounds_as_verl(tiny_lm, monkeypatch):
     import verl.utils.device
 
     from recipe.mrtpo.worker import engine_autocast, verl_numerics
@@ -131,30 +117,30 @@ def test_the_worker_runs_each_forward_under_the_engines_autocast_and_rounds_as_v
     monkeypatch.setattr(verl.utils.device, "get_device_name", lambda: "cpu")
     replay, _ = rows()
     seen = []
-    hook = model.register_forward_pre_hook(lambda m, _: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
+    hook = tiny_lm.register_forward_pre_hook(lambda m, _: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
     try:
-        got = worker_around(Engine(model, autocast_dtype=torch.bfloat16)).compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
+        got = worker_around(Engine(tiny_lm, autocast_dtype=torch.bfloat16)).compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
     finally:
         hook.remove()
-        model.eval()
+        tiny_lm.eval()
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert torch.isfinite(got["replay_logprobs"]).all()
-    assert isinstance(engine_autocast(Engine(model)), contextlib.nullcontext)  # fp32: no autocast, as verl's forward_step
+    assert isinstance(engine_autocast(Engine(tiny_lm)), contextlib.nullcontext)  # fp32: no autocast, as verl's forward_step
     # verl's CPU fallback log-prob (no flash-attention) is a log-softmax in the logits' dtype
-    assert verl_numerics(Engine(model, autocast_dtype=torch.bfloat16), "cpu") == {"logprob_dtype": "bfloat16", "entropy_dtype": "bfloat16"}
-    assert verl_numerics(Engine(model), "cpu") == {"logprob_dtype": "float32", "entropy_dtype": "float32"}
+    assert verl_numerics(Engine(tiny_lm, autocast_dtype=torch.bfloat16), "cpu") == {"logprob_dtype": "bfloat16", "entropy_dtype": "bfloat16"}
+    assert verl_numerics(Engine(tiny_lm), "cpu") == {"logprob_dtype": "float32", "entropy_dtype": "float32"}
 
 
-def test_the_worker_refuses_missing_settings_and_sequence_parallel(model):
+def test_the_worker_refuses_missing_settings_and_sequence_parallel(tiny_lm):
     replay, opsd = rows()
-    w = worker_around(Engine(model))
+    w = worker_around(Engine(tiny_lm))
     with pytest.raises(ValueError, match=r"compute_replay_relevance: settings \['chunk_size'\] missing"):
         w.compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS, drop=("chunk_size",)))
     with pytest.raises(ValueError, match=r"compute_opsd_teacher: settings \['topk'\] missing"):
         w.compute_opsd_teacher(with_settings(opsd, TEACHER_SETTINGS, drop=("topk",)))
     with pytest.raises(ValueError, match="layout"):
         PassSettings.from_wire({**SETTINGS, "layout": "ragged"}, "compute_replay_relevance")
-    sp = worker_around(Engine(model, sp=2))
+    sp = worker_around(Engine(tiny_lm, sp=2))
     with pytest.raises(NotImplementedError, match="MRTPO replay .* ulysses"):
         sp.compute_replay_relevance(with_settings(replay, REPLAY_SETTINGS))
     with pytest.raises(NotImplementedError, match="OPSD teacher pass .* ulysses"):
@@ -176,17 +162,17 @@ def test_the_pass_device_is_verls_and_cpu_without_an_accelerator(monkeypatch):
     assert attn_implementation(SimpleNamespace()) == ""
 
 
-def test_the_reference_replay_runs_through_the_reference_engine_only(model):
+def test_the_reference_replay_runs_through_the_reference_engine_only(tiny_lm):
     """``compute_ref_replay``: the replay's rows through verl's reference model (``self.ref.engine``), in eval mode
     without grad; the actor's engine is not entered."""
     import copy
 
     replay, _ = rows()
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(tiny_lm)
     with torch.no_grad():
         for p in reference.parameters():  # another model than the actor's
             p.add_(0.01 * torch.randn_like(p))
-    actor_engine, ref_engine = Engine(model), Engine(reference)
+    actor_engine, ref_engine = Engine(tiny_lm), Engine(reference)
     w = worker_around(actor_engine)
     w.ref = SimpleNamespace(engine=ref_engine)
     got = w.compute_ref_replay(with_settings(replay, REPLAY_SETTINGS))
@@ -194,7 +180,7 @@ def test_the_reference_replay_runs_through_the_reference_engine_only(model):
     reference.eval()
     with torch.no_grad():
         want = replay_rows(hf_forward(reference), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
-        actor = replay_rows(hf_forward(model.eval()), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
+        actor = replay_rows(hf_forward(tiny_lm.eval()), with_settings(replay, REPLAY_SETTINGS), "cpu", sync=None)
     assert torch.equal(got["replay_logprobs"], want["replay_logprobs"])
     assert not torch.allclose(got["replay_logprobs"], actor["replay_logprobs"], atol=1e-4)
     w.ref = None

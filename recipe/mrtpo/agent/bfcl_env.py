@@ -79,7 +79,7 @@ FORBIDDEN_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen",
 MAX_ENTRY_CHARS = 5_000_000  # a test entry's JSON (long_context entries are the largest, ~100 kB)
 
 # The bfcl-eval functions this module restates or follows are pinned, with the loop's other reliances, in
-# recipe.mrtpo.verl_seam (BFCL_SOURCES; checked by tests/unit/test_bfcl_loop.py).
+# recipe.mrtpo.agent.pins (BFCL_SOURCES; checked by tests/unit/test_bfcl_loop.py).
 
 
 class BFCLEntryError(ValueError):

@@ -27,8 +27,7 @@ from recipe.mrtpo.core.replay_plan import p_all_prompts
 from recipe.mrtpo.methods.opsd import JSD_UNREAD
 from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.methods.types import ROWS_PRIVILEGED
-from recipe.mrtpo.pass_driver import pass_metrics, pass_settings
-from recipe.mrtpo.reward_extras import RewardTable
+from recipe.mrtpo.pass_driver import PassRequest, pass_metrics
 
 # dispatch(inputs: {"prompt_ids" [R', P], "prompt_lens" [R'], "responses" [R', T], "response_mask" [R', T]}, settings)
 #   -> {"teacher_topk_logprobs" [R', T, k], "teacher_topk_ids" [R', T, k], "teacher_token_logprobs" [R', T],
@@ -98,36 +97,25 @@ def pad_to_multiple(inputs: dict[str, torch.Tensor], multiple: int) -> dict[str,
 
 
 def run_opsd_teacher(
-    cfg: MRTPOConfig,
-    table: RewardTable,
-    messages: Sequence[Optional[list]],
-    responses: torch.Tensor,
-    response_mask: torch.Tensor,
-    rollout_prompts: Sequence[Sequence[int]],
-    render: Callable[[list[dict]], list[int]],
-    dispatch: Dispatch,
-    dp_size: int,
-    temperature: float,
-    pad_id: int,
-    token_budget: int = 0,
+    request: PassRequest,
+    *,
     old_log_probs: Optional[torch.Tensor] = None,
-    row_render: Optional[Callable[[int], Callable[[list[dict]], list[int]]]] = None,
     topk: Optional[int] = None,
     student_prompts: bool = False,
     prefix: str = "mrtpo/opsd",
 ) -> OPSDTeacher:
-    """Plan, dispatch and map back the teacher pass of one batch (module docstring).
-
-    ``token_budget``: padded tokens per teacher forward (verl's ``log_prob_max_token_len_per_gpu`` under
-    ``log_prob_use_dynamic_bsz``); 0 packs ``mrtpo.replay_micro_batch_size`` sequences per forward.
+    """Plan, dispatch and map back the teacher pass of one batch (module docstring); ``request.dispatch`` has the
+    contract of :data:`Dispatch`. ``old_log_probs``: [B, T] verl's, for the teacher's log-prob gain.
     ``topk`` (None: ``mrtpo.opsd_topk``), ``student_prompts`` (also send the rollout prompts, as
     ``student_prompt_ids`` / ``student_prompt_lens``: SDPO's worker takes the student's top-k ids there) and
     the metrics' ``prefix`` let SDPO (``methods.sdpo``) run the same pass.
     """
     t0 = time.perf_counter()
+    cfg, messages, responses, response_mask = request.cfg, request.messages, request.responses, request.response_mask
+    rollout_prompts, dp_size, pad_id = request.rollout_prompts, request.dp_size, request.pad_id
     B, T = responses.shape
-    prompts, reasons = teacher_prompts(table.contexts, messages, rollout_prompts, render, cfg.max_replay_prompt_length,
-                                       row_render, cfg.teacher_template)
+    prompts, reasons = teacher_prompts(request.table.contexts, messages, rollout_prompts, request.render,
+                                       cfg.max_replay_prompt_length, request.row_render, cfg.teacher_template)
     privileged = [p != list(r) for p, r in zip(prompts, rollout_prompts)]
     ids, lens = pack_prompts(prompts, pad_id)
     inputs = {"prompt_ids": ids, "prompt_lens": lens, "responses": responses.long().cpu(), "response_mask": response_mask.long().cpu()}
@@ -135,8 +123,8 @@ def run_opsd_teacher(
         inputs["student_prompt_ids"], inputs["student_prompt_lens"] = pack_prompts(rollout_prompts, pad_id)
     inputs = pad_to_multiple(inputs, dp_size)
     k = cfg.opsd_topk_of() if topk is None else int(topk)
-    settings = {**pass_settings(cfg, temperature, pad_id, token_budget).to_wire(), "topk": k}
-    out = dispatch(inputs, settings)
+    settings = {**request.settings().to_wire(), "topk": k}
+    out = request.dispatch(inputs, settings)
     teacher = OPSDTeacher(
         topk_logprobs=out["teacher_topk_logprobs"][:B].float(),
         topk_ids=out["teacher_topk_ids"][:B].long(),

@@ -27,7 +27,7 @@ from recipe.mrtpo.methods.opsd.driver import (
     uses_topk,
 )
 from recipe.mrtpo.methods.types import StepContext
-from recipe.mrtpo.pass_driver import dispatch_rows, token_budget
+from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
 
 #: what the teacher pass reads of the batch (the step's own fetch, ``StepContext.fields``, brings the first three)
 FIELDS = ["raw_prompt", "prompts", "extra_fields", "responses", "old_log_probs"]
@@ -80,12 +80,10 @@ def teacher_pass(ctx: StepContext, worker_method: str = "compute_opsd_teacher", 
     def dispatch(inputs: dict, settings: dict) -> dict:
         return dispatch_rows(call, inputs, settings)
 
-    teacher = run_opsd_teacher(
-        cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, dp_size,
-        temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
-        token_budget=token_budget(config, reference=frozen), old_log_probs=_padded(old, 0.0) if old is not None else None,
-        row_render=ctx.row_render, **run_kwargs,
-    )
+    request = PassRequest(cfg, ctx.table, messages, responses, valid, prompts, ctx.render, dispatch, dp_size,
+                          temperature=float(config.actor_rollout_ref.rollout.temperature), pad_id=pad_id,
+                          token_budget=token_budget(config, reference=frozen), row_render=ctx.row_render)
+    teacher = run_opsd_teacher(request, old_log_probs=_padded(old, 0.0) if old is not None else None, **run_kwargs)
     ctx.metrics[f"{run_kwargs.get('prefix', 'mrtpo/opsd')}/teacher_initial"] = float(frozen)
     ctx.metrics.update(teacher.metrics)
     return teacher, responses, [len(p) for p in prompts], resp_lens.tolist(), pad_id
