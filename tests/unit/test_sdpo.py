@@ -142,6 +142,22 @@ def test_the_full_loss_through_verls_distillation_path_is_the_is_weighted_token_
     assert sdpo_distillation_config(100).distillation_loss.loss_mode == SDPO_LOSS_MODE
 
 
+def test_verls_rollout_correction_weights_each_token_as_sdpo_does():
+    """ALGO=sdpo's token-level rollout correction: verl's ``rollout_is_weights`` (min(pi_old / pi_rollout, 2), computed
+    in the advantage step) multiply SDPO's per-token loss, after the IS weight (SDPO's compute_self_distillation_loss),
+    re-stated here; verl's own distillation_loss applies them only on its policy-gradient path."""
+    model_output, data, D, lp, old, _ = loss_inputs()
+    g = torch.Generator().manual_seed(7)
+    rho = [torch.rand(n, generator=g) * 2.0 for n in (4, 6)]
+    data.set("rollout_is_weights", nested(rho))
+    loss, metrics = sdpo_loss(actor_config(), sdpo_distillation_config(100), model_output=model_output, data=data)
+    w = torch.exp(lp - old).clamp(max=2.0)
+    r = torch.cat(rho).double()
+    assert torch.allclose(loss.double(), (r * w * D).sum() / len(D), rtol=1e-5)
+    assert not torch.allclose(loss.double(), (w * D).sum() / len(D), rtol=1e-3)  # the weights act
+    assert "distillation/rollout_is_weight" in metrics
+
+
 def test_verls_kl_loss_is_added_as_sdpos_actor_adds_it():
     """actor.use_kl_loss: + kl_coef * token-mean of verl's low_var_kl (k3, clamped to [-10, 10]) to the reference,
     re-stated here: kl = exp(ref - lp) - (ref - lp) - 1; the advantages still do not enter."""
