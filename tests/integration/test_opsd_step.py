@@ -77,7 +77,8 @@ def logprobs_after(model, prompt, response):
         return torch.log_softmax(model(input_ids=seq).logits[0, len(prompt) - 1 : -1].float(), -1)
 
 
-OPSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0")
+OPSD = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=opsd", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
 assert OPSD == __import__("recipe.mrtpo.methods", fromlist=["get"]).get("opsd").overrides  # ALGO=opsd's, written out
 GDPO_DISTILL = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=gdpo-distill")
 
