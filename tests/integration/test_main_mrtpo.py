@@ -264,8 +264,14 @@ def test_sdpo_settings_are_refused_before_ray():
 
     base = ("algorithm.adv_estimator=gdpo", "mrtpo.mode=sdpo", f"{ARR}.actor.strategy=fsdp2")
     assert check_config(compose_cfg(*base)).name == "sdpo"
-    assert check_config(compose_cfg(*base, f"{ARR}.actor.use_kl_loss=True")).name == "sdpo"  # added as SDPO's actor adds it
-    for bad, msg in (("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
+    # a zero KL is accepted (nothing is added); SDPO has no KL term, so a coefficient > 0 is refused (ALGO=sdpo sets
+    # use_kl_loss=False over the run scripts' shared 0.001)
+    assert check_config(compose_cfg(*base, f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0")).name == "sdpo"
+    from recipe.mrtpo import methods
+
+    assert check_config(compose_cfg(*methods.get("sdpo").overrides)).name == "sdpo"
+    for bad, msg in ((f"{ARR}.actor.use_kl_loss=True", "SDPO has no KL term"),
+                     ("actor_rollout_ref.model.use_fused_kernels=True", "use_fused_kernels=False"),
                      ("distillation.enabled=True", "distillation.enabled=False"),
                      ("algorithm.use_kl_in_reward=True", "use_kl_in_reward=True has no effect with method sdpo"),
                      ("algorithm.norm_adv_by_std_in_grpo=False", "norm_adv_by_std_in_grpo=False has no effect with method sdpo"),

@@ -280,8 +280,12 @@ def test_dry_run_config(dry_runs, name):
     assert arr["actor"]["optim"]["lr"] == 1e-6
     assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == LENGTHS[task]
     _check_agent_loop(cfg, task)
-    kl_coef = 0 if algo == "opsd" else 0.001  # ALGO=opsd's overrides: its loss has no KL term (the reference worker stays)
-    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (True, kl_coef, "low_var_kl")
+    # ALGO=opsd's and ALGO=rlsd's overrides: no KL term (the reference worker stays: it holds their frozen teacher);
+    # ALGO=sdpo's: no KL at all (SDPO has none), and SDPO's token-level rollout correction
+    use_kl, kl_coef = {"opsd": (True, 0), "rlsd": (True, 0), "sdpo": (False, 0.001)}.get(algo, (True, 0.001))
+    assert (arr["actor"]["use_kl_loss"], arr["actor"]["kl_loss_coef"], arr["actor"]["kl_loss_type"]) == (use_kl, kl_coef, "low_var_kl")
+    corr = cfg["algorithm"]["rollout_correction"]
+    assert (corr["rollout_is"], corr["rollout_is_threshold"]) == (("token", 2.0) if algo == "sdpo" else (None, 2.0))
     assert cfg["algorithm"]["use_kl_in_reward"] is False
     # ... and the extra overrides, passed last, won over the script's own values
     assert cfg["trainer"]["test_freq"] == 7

@@ -1,10 +1,11 @@
 """Each self-teacher baseline's shipped defaults pinned against its named reference's values (docs/departures.md,
-docs/opsd.md): OPSD (siyan-zhao/OPSD), RLSD (ms-swift's ``--advantage_reweight rlsd``; the RLSD authors' schedule
-offered through the knobs), SDPO (lasgroup/SDPO's config) and GRPO's scalar reward (the mean the reward manager
-passes). The reference values are written out here, once, from the references' shipped configs."""
+docs/opsd.md): OPSD (siyan-zhao/OPSD), RLSD (the knobs' defaults are ms-swift's ``--advantage_reweight rlsd``;
+``ALGO=rlsd`` is the RLSD authors' shipped script), SDPO (lasgroup/SDPO's config) and GRPO's scalar reward (the mean
+the reward manager passes). The reference values are written out here, once, from the references' shipped configs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from recipe.mrtpo.config.schema import MRTPOConfig
@@ -17,9 +18,22 @@ MS_SWIFT_RLSD = {"rlsd_lambda": 0.5, "rlsd_reweight_clip_range": 0.2, "rlsd_lamb
                  "rlsd_lambda_decay_steps": 0, "rlsd_negative_only": False, "rlsd_teacher": "live"}
 # iie-ycx/RLSD rlsd_train.sh: lambda decays to 0 over 60 steps
 RLSD_AUTHORS_DECAY_STEPS = 60
+# iie-ycx/RLSD examples/visual_rl/rlsd_train.sh + rlsd_config.yaml: opsd.rlsd_lambda=0.5, rlsd_reweight_clip_range=0.2,
+# rlsd_lambda_warmup_steps=0, rlsd_lambda_decay_steps=60 (its trainer's global_step: training steps from 1),
+# freeze_teacher_model=True (the reference module, the initial policy) synced every rlsd_teacher_sync_interval=20,
+# algorithm.disable_kl=True / use_kl_loss: false
+RLSD_AUTHORS = {"rlsd_lambda": 0.5, "rlsd_reweight_clip_range": 0.2, "rlsd_lambda_warmup_steps": 0,
+                "rlsd_lambda_decay_steps": 60, "rlsd_schedule": "steps", "rlsd_teacher": "initial",
+                "rlsd_teacher_sync_steps": 20, "rlsd_negative_only": False}
 # lasgroup/SDPO's config: JSD alpha 0.5 over the student's top-100 + tail, EMA rate 0.05, IS clip 2.0
 SDPO_REFERENCE = {"sdpo_alpha": 0.5, "sdpo_topk": 100, "sdpo_add_tail": True, "sdpo_ema_rate": 0.05,
                   "sdpo_is_clip": 2.0}
+# lasgroup/SDPO verl/trainer/config/sdpo.yaml: algorithm.rollout_correction {rollout_is: token, rollout_is_threshold:
+# 2.0}, rollout.calculate_log_probs: True; no KL term (its actor adds none unless use_kl_loss, off by default)
+SDPO_SHIPPED_VERL = {"algorithm.rollout_correction.rollout_is": "token",
+                     "algorithm.rollout_correction.rollout_is_threshold": "2.0",
+                     "actor_rollout_ref.rollout.calculate_log_probs": "True",
+                     "actor_rollout_ref.actor.use_kl_loss": "False"}
 
 
 def _overrides(name: str) -> dict[str, str]:
@@ -63,9 +77,41 @@ def test_rlsd_defaults_are_ms_swifts_and_the_authors_decay_is_a_knob():
     assert rlsd_lambda(1000, lam, 0, 0) == lam  # ms-swift's default: constant
 
 
+def test_algo_rlsd_is_the_authors_shipped_script():
+    """ALGO=rlsd's overrides, composed over the knobs' defaults, are the RLSD authors' script's settings, KL off."""
+    from recipe.mrtpo.config import mrtpo_config
+
+    ov = _overrides("rlsd")
+    import yaml
+
+    cfg = mrtpo_config({k.removeprefix("mrtpo."): yaml.safe_load(v) for k, v in ov.items() if k.startswith("mrtpo.")})
+    assert {k: getattr(cfg, k) for k in RLSD_AUTHORS} == RLSD_AUTHORS
+    assert ov["actor_rollout_ref.actor.kl_loss_coef"] == "0"  # disable_kl; use_kl_loss=True only builds the reference
+    assert ov["actor_rollout_ref.actor.use_kl_loss"] == "True"
+
+
 def test_sdpo_defaults_are_its_configs():
     cfg = MRTPOConfig()
     assert {k: getattr(cfg, k) for k in SDPO_REFERENCE} == SDPO_REFERENCE
+
+
+def test_algo_sdpo_sets_sdpos_rollout_correction_in_verls_settings_and_no_kl():
+    from omegaconf import OmegaConf
+
+    from recipe.mrtpo.methods.sdpo import SDPO, check_sdpo
+
+    ov = _overrides("sdpo")
+    assert {k: ov[k] for k in SDPO_SHIPPED_VERL} == SDPO_SHIPPED_VERL
+    # verl 0.9.1's own settings, as its config names them (the group the advantage step's rollout correction reads)
+    import verl
+
+    group = OmegaConf.load(f"{verl.__path__[0]}/trainer/config/algorithm/rollout_correction.yaml")
+    assert {"rollout_is", "rollout_is_threshold"} <= set(group) and group.bypass_mode is False
+    # the run scripts' shared KL to the initial policy, passed again on the command line: refused
+    config = OmegaConf.create({"actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.001,
+                                                               "strategy": "fsdp2"}}})
+    with pytest.raises(ValueError, match="SDPO has no KL"):
+        check_sdpo(config, SDPO, MRTPOConfig(mode="sdpo"))
 
 
 def test_grpo_trains_on_the_mean_of_the_rewards_as_its_summary_says(monkeypatch):

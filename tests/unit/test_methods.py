@@ -23,18 +23,37 @@ def test_the_registrys_modes_are_the_configs():
 
 def test_every_named_hook_loads_a_function_of_its_method_package():
     hooks = {name: m.after_step for name, m in methods.METHODS.items() if m.after_step is not None}
-    assert set(hooks) == {"opsd", "gdpo-distill", "sdpo"}
+    assert set(hooks) == {"opsd", "gdpo-distill", "sdpo", "rlsd"}
     package = {"gdpo-distill": "opsd"}  # a family's package: gdpo-distill lives with OPSD (one teacher pass, two losses)
     for name, hook in hooks.items():
         assert isinstance(hook, methods.GlueRef) and hook.module.startswith(f"recipe.mrtpo.methods.{package.get(name, name)}")
         assert callable(hook.load())
 
 
+def test_every_actor_part_is_a_class_of_its_method_package_under_its_hooks_key():
+    """Each method's worker side (methods/actor_part.py) lives in its package; its key is the one its hook writes."""
+    from recipe.mrtpo.methods.actor_part import ActorPart
+    from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY as OPSD_KEY
+    from recipe.mrtpo.methods.rlsd import LOSS_SETTINGS_KEY as RLSD_KEY
+    from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY as SDPO_KEY
+
+    parts = {name: m.actor_part for name, m in methods.METHODS.items() if m.actor_part is not None}
+    assert set(parts) == {"opsd", "gdpo-distill", "sdpo", "rlsd"}
+    assert {name: p.key for name, p in parts.items()} == {"opsd": OPSD_KEY, "gdpo-distill": OPSD_KEY, "sdpo": SDPO_KEY,
+                                                          "rlsd": RLSD_KEY}
+    package = {"gdpo-distill": "opsd"}
+    for name, part in parts.items():
+        assert part.module == f"recipe.mrtpo.methods.{package.get(name, name)}.actor"
+        assert issubclass(part.load(), ActorPart)
+    dirs = [p.checkpoint_dir for p in {p.key: p for p in parts.values()}.values() if p.checkpoint_dir]
+    assert sorted(dirs) == ["rlsd_synced_teacher", "sdpo_ema_teacher"]  # one folder each in the actor's checkpoint
+
+
 def test_the_registry_imports_no_torch_or_verl():
     """Importing the registry in a fresh interpreter loads neither torch nor verl nor the OPSD glue."""
     code = ("import sys; import recipe.mrtpo.methods as m; m.resolve; "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('torch', 'verl', 'omegaconf') "
-            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.')) or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
+            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.', 'recipe.mrtpo.methods.rlsd.', 'recipe.mrtpo.methods.actor_part')) or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -15,7 +15,7 @@ from verl.utils import tensordict_utils as tu
 
 from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
 from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields
-from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY
+from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY, SDPO
 from recipe.mrtpo.methods.sdpo.ema import EMATeacher
 from recipe.mrtpo.methods.sdpo.loss import (
     IS_CLIP,
@@ -142,6 +142,22 @@ def test_the_full_loss_through_verls_distillation_path_is_the_is_weighted_token_
     assert sdpo_distillation_config(100).distillation_loss.loss_mode == SDPO_LOSS_MODE
 
 
+def test_verls_rollout_correction_weights_each_token_as_sdpo_does():
+    """ALGO=sdpo's token-level rollout correction: verl's ``rollout_is_weights`` (min(pi_old / pi_rollout, 2), computed
+    in the advantage step) multiply SDPO's per-token loss, after the IS weight (SDPO's compute_self_distillation_loss),
+    re-stated here; verl's own distillation_loss applies them only on its policy-gradient path."""
+    model_output, data, D, lp, old, _ = loss_inputs()
+    g = torch.Generator().manual_seed(7)
+    rho = [torch.rand(n, generator=g) * 2.0 for n in (4, 6)]
+    data.set("rollout_is_weights", nested(rho))
+    loss, metrics = sdpo_loss(actor_config(), sdpo_distillation_config(100), model_output=model_output, data=data)
+    w = torch.exp(lp - old).clamp(max=2.0)
+    r = torch.cat(rho).double()
+    assert torch.allclose(loss.double(), (r * w * D).sum() / len(D), rtol=1e-5)
+    assert not torch.allclose(loss.double(), (w * D).sum() / len(D), rtol=1e-3)  # the weights act
+    assert "distillation/rollout_is_weight" in metrics
+
+
 def test_verls_kl_loss_is_added_as_sdpos_actor_adds_it():
     """actor.use_kl_loss: + kl_coef * token-mean of verl's low_var_kl (k3, clamped to [-10, 10]) to the reference,
     re-stated here: kl = exp(ref - lp) - (ref - lp) - 1; the advantages still do not enter."""
@@ -199,21 +215,33 @@ def test_the_swap_runs_the_body_with_the_teacher_and_restores_the_student_also_o
 
 
 # ------------------------------------------------------------------------------------------- through the worker
-class FakeTrainingWorker:
-    """What the worker reads of verl's TrainingWorker: the engine's module, a loss setter, one SGD step as the
-    update, and checkpoint methods that save and load the module's weights."""
+class FakeEngine(SimpleNamespace):
+    """verl's engine as the worker and SDPO's part read it: the module, the pass attributes, and ``optimizer_step``
+    (one SGD step, skipped where the planted gradient norm is not finite, as verl's; returns the norm)."""
 
-    def __init__(self, module):
-        self.engine = SimpleNamespace(module=module, ulysses_sequence_parallel_size=1, _autocast_dtype=torch.float32,
-                                      eval_mode=lambda: contextlib.nullcontext())
-        self.loss_fn, self.updates = None, 0
+    def optimizer_step(self):
+        norm = self.norms.pop(0) if self.norms else 1.0
+        if np.isfinite(norm):
+            sgd_step(self.module)
+        return norm
+
+
+class FakeTrainingWorker:
+    """What the worker reads of verl's TrainingWorker: the engine, a loss setter, ``mini_batches`` optimizer steps
+    of the engine as the update (verl's ``train_mini_batch``), and checkpoint methods that save and load the module."""
+
+    def __init__(self, module, mini_batches=1):
+        self.engine = FakeEngine(module=module, ulysses_sequence_parallel_size=1, _autocast_dtype=torch.float32,
+                                 eval_mode=lambda: contextlib.nullcontext(), norms=[])
+        self.loss_fn, self.updates, self.mini_batches = None, 0, mini_batches
 
     def set_loss_fn(self, fn):
         self.loss_fn = fn
 
     def train_mini_batch(self, data):
         self.updates += 1
-        sgd_step(self.engine.module)
+        for _ in range(self.mini_batches):
+            self.engine.optimizer_step()
         return None
 
     def save_checkpoint(self, local_path, *args):
@@ -223,11 +251,16 @@ class FakeTrainingWorker:
         self.engine.module.load_state_dict(torch.load(f"{local_path}/model.pt"))
 
 
-def fake_worker(module):
+def fake_worker(module, mini_batches=1):
     w = MRTPOActorRolloutRefWorker.__new__(MRTPOActorRolloutRefWorker)  # no Ray, no FSDP: only the binding
-    w.actor, w.role, w.enable_routing_replay = FakeTrainingWorker(module), "actor", False
+    w.actor, w.role, w.enable_routing_replay = FakeTrainingWorker(module, mini_batches), "actor", False
     w.loss_fn = partial(lambda **kw: None, config=SimpleNamespace(loss_agg_mode="token-mean"))
     return w
+
+
+def ema(w) -> EMATeacher:
+    """The worker's SDPO part's EMA teacher."""
+    return w.actor_part(SDPO.actor_part).ema
 
 
 def sdpo_batch(rate):
@@ -247,11 +280,45 @@ def test_the_worker_updates_the_teacher_after_the_actor_and_a_rate_0_teacher_sta
     assert w.actor.updates == 1 and any(not torch.equal(a, b) for a, b in zip(initial, after))  # the actor moved
     assert tu.get_non_tensor_data(data=data, key="distillation_use_topk", default=False) is True
     assert w.actor.loss_fn.func is sdpo_loss and w.actor.loss_fn.keywords["distillation_config"].distillation_loss.topk == 4
-    for t, a, b in zip(w._sdpo_ema.shards.values(), initial, after):
+    for t, a, b in zip(ema(w).shards.values(), initial, after):
         if rate == 0.0:
             assert torch.equal(t, a)  # the teacher is still the initial policy, bit for bit
         else:
             assert torch.allclose(t, (1 - rate) * a + rate * b, atol=1e-7)
+
+
+@pytest.mark.parametrize("planted, moves", [([float("nan")], False), ([float("inf"), float("nan")], False),
+                                            ([float("nan"), 2.0], True), ([3.0], True)],
+                         ids=["nan", "inf-then-nan", "nan-then-finite", "finite"])
+def test_the_ema_teacher_moves_only_after_an_update_with_a_finite_gradient_norm(planted, moves):
+    """SDPO's rule (its dp_actor's ``did_update``): the teacher's EMA step follows an update call only where one of its
+    optimizer steps had a finite gradient norm; verl skipped every step otherwise, and the teacher stays bit for bit."""
+    m = small_module()
+    w = fake_worker(m, mini_batches=len(planted))
+    w.update_actor(sdpo_batch(0.3))  # a first, finite update: the teacher is now the EMA of two different weights
+    before_teacher = {n: t.clone() for n, t in ema(w).shards.items()}
+    before_actor = [p.detach().clone() for p in m.parameters()]
+    w.actor.engine.norms = list(planted)
+    w.update_actor(sdpo_batch(0.3))
+    assert "optimizer_step" not in vars(w.actor.engine)  # the watch is gone after the update
+    actor_moved = any(not torch.equal(a, p) for a, p in zip(before_actor, m.parameters()))
+    assert actor_moved == moves  # verl's engine (here its stand-in) skipped the non-finite steps
+    teacher_moved = any(not torch.equal(before_teacher[n], t) for n, t in ema(w).shards.items())
+    assert teacher_moved == moves
+    assert w.actor_part(SDPO.actor_part).skipped == (0 if moves else 1)
+
+
+def test_an_update_without_an_optimizer_step_is_refused():
+    """The rule reads verl's ``engine.optimizer_step``: an update that never calls it (verl changed) is refused."""
+    w = fake_worker(small_module(), mini_batches=0)
+    with pytest.raises(RuntimeError, match="ran no optimizer step"):
+        w.update_actor(sdpo_batch(0.3))
+
+
+def test_the_grad_norm_watch_relies_on_the_pinned_verl():
+    from recipe.mrtpo.methods.actor_part import check_grad_norm_sources
+
+    assert check_grad_norm_sources() == [], "verl changed: re-check recipe/mrtpo/methods/actor_part.py (grad_norms)"
 
 
 def test_the_ema_teacher_survives_save_and_resume_bit_for_bit(tmp_path):
@@ -259,15 +326,15 @@ def test_the_ema_teacher_survives_save_and_resume_bit_for_bit(tmp_path):
     w = fake_worker(m)
     for _ in range(2):
         w.update_actor(sdpo_batch(0.3))
-    saved = {n: t.clone() for n, t in w._sdpo_ema.shards.items()}
+    saved = {n: t.clone() for n, t in ema(w).shards.items()}
     assert any(not torch.equal(saved[n], p) for n, p in m.named_parameters())  # the teacher is not the actor
     w.save_checkpoint(str(tmp_path))
     assert (tmp_path / SDPO_TEACHER_DIR / "rank_0_of_1.pt").exists()
 
     fresh = fake_worker(small_module(seed=9))  # a new process: other weights, no teacher
     fresh.load_checkpoint(str(tmp_path))
-    assert all(torch.equal(fresh._sdpo_ema.shards[n], t) for n, t in saved.items())
-    assert fresh._sdpo_ema.fingerprint() == EMATeacher(saved).fingerprint()
+    assert all(torch.equal(ema(fresh).shards[n], t) for n, t in saved.items())
+    assert ema(fresh).fingerprint() == EMATeacher(saved).fingerprint()
     for (_, a), (_, b) in zip(fresh.actor.engine.module.named_parameters(), m.named_parameters()):
         assert torch.equal(a, b)
     # a checkpoint without a teacher (another method's): SDPO refuses to go on with a lost teacher
@@ -293,7 +360,7 @@ def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(tin
         for p in teacher_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     w = fake_worker(student)
-    w._sdpo_ema = EMATeacher.from_module(teacher_model)
+    w.actor_part(SDPO.actor_part).ema = EMATeacher.from_module(teacher_model)
     g = torch.Generator().manual_seed(3)
     responses = torch.randint(1, 150_000, (2, 5), generator=g)
     mask = torch.ones(2, 5, dtype=torch.long)
@@ -319,4 +386,4 @@ def test_the_worker_pass_takes_the_students_topk_and_the_ema_teacher_at_them(tin
         assert torch.allclose(got["teacher_topk_logprobs"][r, :n], t_lp.gather(-1, ids), atol=1e-4)
         assert torch.allclose(got["teacher_token_logprobs"][r, :n], t_lp.gather(-1, responses[r, :n, None])[:, 0], atol=1e-4)
         assert (got["teacher_topk_ids"][r, n:] == 0).all()
-    assert got["teacher_fingerprint"][0].tolist() == list(w._sdpo_ema.fingerprint())
+    assert got["teacher_fingerprint"][0].tolist() == list(ema(w).fingerprint())

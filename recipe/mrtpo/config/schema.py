@@ -35,6 +35,10 @@ OPSD_TOPK_DEFAULTS = {"opsd": 50, "gdpo-distill": 32}
 #: RLSD's teacher: the behaviour policy under P_all (live, ms-swift's default) or the initial policy under P_all
 #: (initial: verl's reference policy, the RLSD authors' shipped configuration)
 RLSD_TEACHERS = ("live", "initial")
+#: what RLSD's lambda schedule counts: ``updates``, the optimizer updates completed before the step (ms-swift's Hugging
+#: Face ``global_step``, 0 at the first step), or ``steps``, the training step's number (the RLSD authors'
+#: ``global_step``, 1 at the first step)
+RLSD_SCHEDULES = ("updates", "steps")
 
 
 @dataclass
@@ -90,6 +94,8 @@ class MRTPOConfig(BaseConfig):
     rlsd_lambda_decay_steps: int = 0  # RLSD: after the warm-up, lambda decays linearly to 0 over these optimizer steps
     rlsd_negative_only: bool = False  # RLSD: reweight only responses with a negative advantage
     rlsd_teacher: str = "live"  # RLSD: live (the behaviour policy under P_all) | initial (verl's reference policy)
+    rlsd_teacher_sync_steps: int = 0  # RLSD, initial teacher: copy the policy into it after every N-th update; 0 = never
+    rlsd_schedule: str = "updates"  # RLSD: what the warm-up / decay count (RLSD_SCHEDULES)
     sdpo_topk: int = 100  # SDPO: the student's top-k ids the divergence is taken over (SDPO's distillation_topk)
     sdpo_add_tail: bool = True  # SDPO: one tail bucket for the rest of the vocabulary (False: the top-k renormalised)
     sdpo_alpha: float = 0.5  # SDPO: the generalised JSD's alpha; 0 forward KL(T||S), 1 reverse KL(S||T)
@@ -141,6 +147,13 @@ class MRTPOConfig(BaseConfig):
             raise ValueError("mrtpo.rlsd_lambda_warmup_steps and rlsd_lambda_decay_steps must be >= 0, got "
                              f"{self.rlsd_lambda_warmup_steps} and {self.rlsd_lambda_decay_steps}")
         _choice("rlsd_teacher", self.rlsd_teacher, RLSD_TEACHERS)
+        _choice("rlsd_schedule", self.rlsd_schedule, RLSD_SCHEDULES)
+        if self.rlsd_teacher_sync_steps < 0:
+            raise ValueError(f"mrtpo.rlsd_teacher_sync_steps must be >= 0, got {self.rlsd_teacher_sync_steps}")
+        if self.rlsd_teacher_sync_steps > 0 and self.rlsd_teacher != "initial":
+            raise ValueError(f"mrtpo.rlsd_teacher_sync_steps={self.rlsd_teacher_sync_steps} re-syncs a frozen teacher: it "
+                             f"needs mrtpo.rlsd_teacher=initial (got {self.rlsd_teacher}: the live teacher is the policy "
+                             "already). Use mrtpo.rlsd_teacher=initial or leave rlsd_teacher_sync_steps=0")
         if self.sdpo_topk < 1:
             raise ValueError(f"mrtpo.sdpo_topk must be >= 1, got {self.sdpo_topk}")
         if not 0.0 <= float(self.sdpo_alpha) <= 1.0:

@@ -84,6 +84,24 @@ class GlueRef:
         return self.load()(*args, **kwargs)
 
 
+@dataclass(frozen=True)
+class ActorPartRef:
+    """A method's part on the actor's workers (its worker-side pass, loss and state), named by module and class and
+    imported by the worker when first needed (``recipe.mrtpo.methods.actor_part.ActorPart``).
+
+    ``key``: the entry of the actor update's batch its settings travel under (the method's after-step hook sets it);
+    ``checkpoint_dir``: the folder of its state in the actor's checkpoint (None: it keeps none).
+    """
+
+    key: str
+    module: str
+    name: str
+    checkpoint_dir: Optional[str] = None
+
+    def load(self) -> type:
+        return getattr(importlib.import_module(self.module), self.name)
+
+
 @dataclass
 class AdvantageInputs:
     """What a method's advantage reads: the batch's rewards, groups and mask, the replay, verl's log-probs."""
@@ -118,6 +136,9 @@ class StepContext:
     # OPSD's frozen teacher
     reference_group: Optional[Callable[[], Any]] = None
     reference_dp_size: Optional[Callable[[], int]] = None
+    # the batch meta the advantage step's write returned (every persisted field): what a hook that writes no field
+    # of its own returns for the update (None: ``batch``)
+    written: Any = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +163,8 @@ class Method:
     # verl settings the method cannot run without, appended to its overrides (what ALGO= passes): OPSD's reference
     # worker (use_kl_loss=True) with no KL term (kl_loss_coef=0, which its loss does not read); SDPO's FSDP2
     settings: tuple[str, ...] = ()
+    # its part on the actor's workers (OPSD's and SDPO's losses, SDPO's EMA teacher, RLSD's teacher sync), or None
+    actor_part: Optional[ActorPartRef] = None
 
     @property
     def overrides(self) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ The entries (this module: standard library only) and their code, one module per 
 - ``driver``: the driver's side of the teacher pass (teacher prompts, dispatch, verl's field layout, the loss
   settings);
 - ``teacher``: the worker's side, pure torch (the teacher's top-k per response token);
+- ``actor``: their part on the actor's workers (the pass's rows, the loss swap);
 - ``loss``: the actor's loss: OPSD's renormalised top-k JSD on verl's distillation path, or verl's own
   ``distillation_ppo_loss`` (gdpo-distill).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from recipe.mrtpo.methods.checks import check_module_forward, check_per_reward_step, check_reference_teacher
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
-from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, TEACHER_KNOBS, GlueRef, Method, get_key
+from recipe.mrtpo.methods.types import PASS_KNOBS, STEP_KNOBS, TEACHER_KNOBS, ActorPartRef, GlueRef, Method, get_key
 
 #: verl's distillation-group fields OPSD's JSD does not read, at their YAML defaults: refused when set otherwise
 #: (they would do nothing) and left out of its loss settings (``driver.distillation_loss_settings``)
@@ -72,6 +73,9 @@ GDPO_DISTILL_WITHOUT_PRIVILEGED = (
 )
 
 HOOK = GlueRef("recipe.mrtpo.methods.opsd.step", "write_opsd_teacher")
+#: their part on the actor's workers (``actor.OPSDActorPart``: the loss swap), under ``driver.LOSS_SETTINGS_KEY``
+#: (written out here: this module imports no driver)
+ACTOR_PART = ActorPartRef("mrtpo_opsd_loss", "recipe.mrtpo.methods.opsd.actor", "OPSDActorPart")
 
 OPSD = Method("opsd", "OPSD (its paper's objective): JSD_beta over the teacher's renormalised top-k, alone, to the "
               "initial policy under P_all (docs/opsd.md)", "gdpo",
@@ -82,7 +86,8 @@ OPSD = Method("opsd", "OPSD (its paper's objective): JSD_beta over the teacher's
               settings=("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
                         # the reference's aggregation: each sequence's JSD averaged over its own tokens (one sequence
                         # per device and micro-batch there), then the mean over sequences (docs/opsd.md)
-                        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"))
+                        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
+              actor_part=ACTOR_PART)
 
 GDPO_DISTILL = Method("gdpo-distill", "GDPO + c x verl's top-k forward KL (or an estimator) to the live policy under "
                       "P_all: not OPSD (docs/opsd.md)", "gdpo",
@@ -90,4 +95,5 @@ GDPO_DISTILL = Method("gdpo-distill", "GDPO + c x verl's top-k forward KL (or an
                       reads=(*STEP_KNOBS, *PASS_KNOBS, *TEACHER_KNOBS, "opsd_topk", "opsd_loss_mode", "opsd_loss_coef"),
                       advantage=gdpo_advantage, after_step=HOOK,
                       checks=(check_per_reward_step, check_module_forward, check_opsd),
-                      no_privileged=lambda metrics: ("≈ GDPO here", GDPO_DISTILL_WITHOUT_PRIVILEGED))
+                      no_privileged=lambda metrics: ("≈ GDPO here", GDPO_DISTILL_WITHOUT_PRIVILEGED),
+                      actor_part=ACTOR_PART)

@@ -6,6 +6,8 @@ The entry (this module: standard library only) and its code, one module per side
   worker's ``compute_sdpo_teacher``, verl's teacher fields, the loss settings), named in the entry by its path;
 - ``teacher``: the worker's side of the pass, pure torch (the student's top-k ids, the EMA teacher at them);
 - ``ema``: the EMA teacher, a sharded copy of the actor's parameters on the actor's workers;
+- ``actor``: its part on the actor's workers (the EMA teacher's life: taken, swapped in for the pass, updated after
+  an update with a finite gradient norm, checkpointed; the pass's rows; the loss swap);
 - ``loss``: the actor's loss (the generalised JSD over the student's top-k plus a tail bucket), through verl's
   distillation-loss registry and its logits-processor path.
 
@@ -18,12 +20,27 @@ from __future__ import annotations
 
 from recipe.mrtpo.methods.checks import check_distillation_group_unread, check_module_forward
 from recipe.mrtpo.methods.gdpo import gdpo_advantage
-from recipe.mrtpo.methods.types import PASS_KNOBS, TEACHER_KNOBS, GlueRef, Method, get_key
+from recipe.mrtpo.methods.types import PASS_KNOBS, TEACHER_KNOBS, ActorPartRef, GlueRef, Method, get_key
 
-#: the key of SDPO's settings in the actor update's batch (``worker.update_actor`` reads it)
+#: the key of SDPO's settings in the actor update's batch (the worker hands them to ``actor.SDPOActorPart``)
 LOSS_SETTINGS_KEY = "mrtpo_sdpo_loss"
 #: SDPO's own knobs (recipe/mrtpo/config/schema.py)
 SDPO_KNOBS = ("sdpo_topk", "sdpo_add_tail", "sdpo_alpha", "sdpo_ema_rate", "sdpo_is_clip")
+
+
+#: lasgroup/SDPO's shipped config (``verl/trainer/config/sdpo.yaml``) as verl 0.9.1 settings, what ``ALGO=sdpo``
+#: passes besides FSDP2: its token-level rollout correction (``algorithm.rollout_correction.rollout_is: token``,
+#: ``rollout_is_threshold: 2.0``: w_t = min(pi_old(y_t) / pi_rollout(y_t), 2), verl's own, computed in the advantage
+#: step from the rollout's log-probs, ``rollout.calculate_log_probs: True``; SDPO's loss multiplies each token by it,
+#: ``loss.compute_sdpo_jsd_topk``), and no KL term (SDPO has none: ``use_kl_loss=False`` overrides the run scripts'
+#: shared KL to the initial policy; ``check_sdpo`` refuses it when set again)
+SHIPPED_CONFIG = (
+    "actor_rollout_ref.actor.strategy=fsdp2",  # its EMA teacher swaps FSDP2's shards (check_sdpo)
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_is_threshold=2.0",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+)
 
 
 def check_sdpo(config, method: Method, cfg) -> None:
@@ -46,6 +63,11 @@ def check_sdpo(config, method: Method, cfg) -> None:
         if bool(get_key(config, key, not inert)) == inert:
             raise ValueError(f"{key}={inert} has no effect with method sdpo: it trains on no advantage "
                              "(the distillation loss replaces the policy loss)")
+    coef = float(get_key(config, f"{arr}.kl_loss_coef", 0.0) or 0.0)
+    if bool(get_key(config, f"{arr}.use_kl_loss", False)) and coef != 0.0:
+        raise ValueError(f"{arr}.use_kl_loss=True with kl_loss_coef={coef} is not supported with method sdpo: SDPO has no KL "
+                         "term (and where it adds one, its reference is the EMA teacher, not verl's initial policy). "
+                         f"Leave {arr}.use_kl_loss=False (ALGO=sdpo sets it)")
     strategy = str(get_key(config, f"{arr}.strategy", "fsdp"))
     if strategy != "fsdp2":
         raise ValueError(f"{arr}.strategy={strategy} is not supported with method sdpo: its EMA teacher swaps FSDP2's "
@@ -63,4 +85,6 @@ SDPO = Method("sdpo", "SDPO: JSD to an EMA teacher under P_all over the student'
               advantage=gdpo_advantage, after_step=GlueRef("recipe.mrtpo.methods.sdpo.step", "write_sdpo_teacher"),
               checks=(check_module_forward, check_sdpo),
               no_privileged=lambda metrics: ("= EMA self-regularisation here", SDPO_WITHOUT_PRIVILEGED),
-              settings=("actor_rollout_ref.actor.strategy=fsdp2",))  # its EMA teacher swaps FSDP2's shards (check_sdpo)
+              settings=SHIPPED_CONFIG,
+              actor_part=ActorPartRef(LOSS_SETTINGS_KEY, "recipe.mrtpo.methods.sdpo.actor", "SDPOActorPart",
+                                      "sdpo_ema_teacher"))

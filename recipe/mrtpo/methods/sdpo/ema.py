@@ -26,11 +26,7 @@ from typing import Optional
 
 import torch
 
-
-def local_shard(p: torch.Tensor) -> torch.Tensor:
-    """This rank's part of parameter ``p`` as a plain tensor sharing its storage (DTensor: ``to_local()``)."""
-    data = p.data
-    return data.to_local() if hasattr(data, "to_local") else data
+from recipe.mrtpo.core.shards import local_shard  # noqa: F401  (re-exported)
 
 
 def ema_update_(teacher: torch.Tensor, student: torch.Tensor, rate: float) -> None:

@@ -8,7 +8,9 @@ log-probs at those ids, one tail bucket each for the rest of the vocabulary, and
     T~[t] = (log p_T(v|t) for v in K_S[t], log(1 - sum_{v in K_S[t]} p_T(v|t)))      (with_tail_bucket)
     S~[t] = the same for the student
     w[t]  = min(exp(log pi(y_t) - log pi_old(y_t)), is_clip)   (detached; is_clip = 2, null: w = 1)
-    loss  = agg_t w[t] D[t]                          (no RL term: the distillation loss replaces the policy loss)
+    rho[t] = min(pi_old(y_t) / pi_rollout(y_t), 2)    (verl's token-level rollout correction, ``rollout_is_weights``,
+                                                      where configured: ALGO=sdpo sets it, as SDPO's config; else 1)
+    loss  = agg_t rho[t] w[t] D[t]                   (no RL term: the distillation loss replaces the policy loss)
             (+ verl's entropy bonus and KL loss to the reference where configured, as SDPO's dp_actor adds them)
 
 Here the ids K_S[t] are the behaviour policy's (the old policy under the rollout prompt), taken in the
@@ -25,7 +27,7 @@ with the EMA teacher's log-probs at them as ``teacher_logprobs``. Two pieces of 
    mask with ``actor.loss_agg_mode`` and adds no policy loss.
 
 The settings alpha, add_tail and is_clip travel as non-tensor entries of the update batch (as verl's own
-``distillation_use_topk``), set by ``worker.update_actor`` from the batch's SDPO settings
+``distillation_use_topk``), set by SDPO's actor part (``actor.SDPOActorPart``) from the batch's SDPO settings
 (``methods.sdpo.LOSS_SETTINGS_KEY``).
 """
 
@@ -47,7 +49,7 @@ from recipe.mrtpo.core.divergence import generalized_jsd, renormalise, with_tail
 
 #: SDPO's loss in verl's distillation-loss registry (a top-k loss: verl runs it as a logits processor)
 SDPO_LOSS_MODE = "mrtpo_sdpo_jsd_topk"
-#: the non-tensor entries of the update batch the loss reads (``worker.update_actor`` sets them)
+#: the non-tensor entries of the update batch the loss reads (``actor.SDPOActorPart`` sets them)
 ALPHA, ADD_TAIL, IS_CLIP = "mrtpo_sdpo_alpha", "mrtpo_sdpo_add_tail", "mrtpo_sdpo_is_clip"
 
 
@@ -96,7 +98,9 @@ def is_weights(log_prob: torch.Tensor, old_log_prob: torch.Tensor, clip) -> torc
 @register_distillation_loss(DistillationLossSettings(names=[SDPO_LOSS_MODE], use_topk=True))  # type: ignore[arg-type]
 def compute_sdpo_jsd_topk(config, distillation_config: DistillationConfig, model_output: dict, data) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's distillation-loss contract: the per-token SDPO loss [B, T] (the logits processor's
-    ``distillation_losses`` times the IS weight) and its metrics."""
+    ``distillation_losses`` times the IS weight and verl's rollout-correction weight where the batch carries one:
+    verl's ``distillation_loss`` applies that weight only on its policy-gradient path, which SDPO's loss is not) and
+    its metrics."""
     losses = no_padding_2_padding(model_output["distillation_losses"], data)
     student_mass = no_padding_2_padding(model_output["student_mass"], data)
     teacher_mass = no_padding_2_padding(model_output["teacher_mass"], data)
@@ -114,6 +118,12 @@ def compute_sdpo_jsd_topk(config, distillation_config: DistillationConfig, model
         w = is_weights(log_prob, old, clip)
         metrics["distillation/is_weight"] = Metric(AggregationType.MEAN, w[mask].mean())
         losses = losses * w
+    rollout_w = data.get("rollout_is_weights", None)
+    if rollout_w is not None:  # verl's rollout correction (ALGO=sdpo: token level, threshold 2), as SDPO weighs its loss
+        rollout_w = rollout_w.to_padded_tensor(0.0) if rollout_w.is_nested else rollout_w
+        rollout_w = rollout_w.to(losses.device, losses.dtype)
+        metrics["distillation/rollout_is_weight"] = Metric(AggregationType.MEAN, rollout_w[mask].mean())
+        losses = losses * rollout_w
     return losses, metrics
 
 

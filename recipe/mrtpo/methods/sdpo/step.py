@@ -5,7 +5,7 @@ SDPO's entry names :func:`write_sdpo_teacher` as its after-step hook. It runs OP
 the worker group's ``compute_sdpo_teacher`` with the rollout prompts sent too (the student's top-k ids come
 from them) and ``k = mrtpo.sdpo_topk``, writes verl's ``teacher_logprobs`` / ``teacher_ids`` (the EMA
 teacher's log-probs at the student's top-k ids, and those ids), and puts SDPO's loss settings in the
-batch's ``extra_info`` (``worker.update_actor`` installs SDPO's loss and updates the EMA teacher after it).
+batch's ``extra_info`` (the worker hands them to ``actor.SDPOActorPart``: SDPO's loss, then the EMA teacher's update).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PREFIX = "mrtpo/sdpo"
 
 
 def loss_settings(cfg) -> dict:
-    """What the actor's update reads (``worker.update_actor``): the loss's ``topk``, ``alpha``, ``add_tail``,
+    """What the actor's update reads (``actor.SDPOActorPart``): the loss's ``topk``, ``alpha``, ``add_tail``,
     ``is_clip`` and the EMA teacher's ``ema_rate``."""
     return {"topk": int(cfg.sdpo_topk), "alpha": float(cfg.sdpo_alpha), "add_tail": bool(cfg.sdpo_add_tail),
             "is_clip": None if cfg.sdpo_is_clip is None else float(cfg.sdpo_is_clip), "ema_rate": float(cfg.sdpo_ema_rate)}

@@ -11,7 +11,18 @@ r_t > 0, so A'_t has A_t's sign, and r_t lies in [1 - lambda_s eps, 1 + lambda_s
 The teacher p_T is the policy under the teacher prompt (P_all, or the rollout prompt where P_all cannot be
 built): ``mrtpo.rlsd_teacher=live``, the behaviour policy (the weights that sampled y, ms-swift's default:
 its log-probs come from the replay's P_all-only pass on the actor, fused with verl's old_log_prob step), or
-``initial``, the policy at step 0 (verl's reference worker holds exactly that model; the pass runs there).
+``initial``, the policy at step 0 (verl's reference worker holds exactly that model; the pass runs there),
+re-synced to the policy after every N-th actor update with ``mrtpo.rlsd_teacher_sync_steps`` = N (the RLSD
+authors' frozen teacher synced every 20 steps; ``actor.py``: the copy into verl's reference model, kept with the
+actor's checkpoint; ``step.py``: the hook that asks for it).
+
+The package: this module is the entry (standard library only), its schedule, its pass needs, its advantage and its
+checks; ``step`` its after-step hook; ``actor`` its part on the actor's workers.
+
+``ALGO=rlsd`` (the entry's ``settings``, the run scripts' overrides) runs the RLSD authors' shipped script
+(iie-ycx/RLSD ``examples/visual_rl/rlsd_train.sh`` with its ``rlsd_config.yaml``, :data:`AUTHORS_SCRIPT`): the
+frozen initial teacher synced every 20 steps, lambda 0.5 decaying to 0 over 60 training steps, no KL. The knobs'
+defaults (``config/schema.py``) are ms-swift's ``--advantage_reweight rlsd`` (the live teacher, no decay).
 """
 
 from __future__ import annotations
@@ -25,14 +36,33 @@ from recipe.mrtpo.methods.types import (
     ROWS_PRIVILEGED,
     STEP_KNOBS,
     TEACHER_KNOBS,
+    ActorPartRef,
     AdvantageInputs,
+    GlueRef,
     Method,
     ReplayPass,
     get_key,
 )
 
 RLSD_KNOBS = ("rlsd_lambda", "rlsd_reweight_clip_range", "rlsd_lambda_warmup_steps", "rlsd_lambda_decay_steps",
-              "rlsd_negative_only", "rlsd_teacher")
+              "rlsd_negative_only", "rlsd_teacher", "rlsd_teacher_sync_steps", "rlsd_schedule")
+
+#: the key of RLSD's settings in the actor update's batch (``step.write_rlsd_settings``; ``actor.RLSDActorPart``)
+LOSS_SETTINGS_KEY = "mrtpo_rlsd_teacher"
+#: the RLSD authors' shipped script (iie-ycx/RLSD rlsd_train.sh): ``opsd.freeze_teacher_model=True``,
+#: ``opsd.rlsd_teacher_sync_interval=20``, ``opsd.rlsd_lambda=0.5``, ``opsd.rlsd_lambda_warmup_steps=0``,
+#: ``opsd.rlsd_lambda_decay_steps=60`` (counted in its trainer's ``global_step``, the training step from 1),
+#: ``opsd.rlsd_reweight_clip_range=0.2``, ``algorithm.disable_kl=True`` (its config: ``use_kl_loss: false``). What
+#: ``ALGO=rlsd`` sets; lambda 0.5 and the clip range 0.2 are the knobs' defaults already.
+AUTHORS_SCRIPT = (
+    "mrtpo.rlsd_teacher=initial",
+    "mrtpo.rlsd_teacher_sync_steps=20",
+    "mrtpo.rlsd_lambda_decay_steps=60",
+    "mrtpo.rlsd_schedule=steps",
+    # verl builds its reference worker (which holds the frozen teacher) only for the KL loss; coefficient 0: no KL
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0",
+)
 
 
 def updates_per_step(config) -> int:
@@ -53,11 +83,19 @@ def optimizer_steps(config, step: int) -> int:
     return int(step) * updates_per_step(config)
 
 
+def schedule_step(cfg, step: int, config) -> int:
+    """What the schedule counts at training step ``step`` + 1 (``step`` completed): ``mrtpo.rlsd_schedule=updates``
+    :func:`optimizer_steps` (ms-swift's, 0 at the first step); ``steps`` the training step's number, ``step`` + 1
+    (the RLSD authors' trainer's ``global_step``, incremented before its step runs)."""
+    return int(step) + 1 if cfg.rlsd_schedule == "steps" else optimizer_steps(config, step)
+
+
 def rlsd_strength(cfg, step: int, config) -> float:
-    """lambda_s: ms-swift's warm-up / decay schedule (``core.advantage.rlsd_lambda``) at :func:`optimizer_steps`."""
+    """lambda_s: the warm-up / decay schedule (``core.advantage.rlsd_lambda``, the same in ms-swift and the RLSD
+    authors' trainer) at :func:`schedule_step`."""
     from recipe.mrtpo.core.advantage import rlsd_lambda
 
-    return rlsd_lambda(optimizer_steps(config, step), cfg.rlsd_lambda, cfg.rlsd_lambda_warmup_steps,
+    return rlsd_lambda(schedule_step(cfg, step, config), cfg.rlsd_lambda, cfg.rlsd_lambda_warmup_steps,
                        cfg.rlsd_lambda_decay_steps)
 
 
@@ -125,6 +163,18 @@ def check_rlsd_teacher(config, method: Method, cfg) -> None:
     the pass can run (no LoRA reference, Ulysses SP 1, FSDP), or the run is refused before Ray starts."""
     if initial_teacher(cfg):
         check_reference_teacher(config, "mrtpo.rlsd_teacher=initial", "Use mrtpo.rlsd_teacher=live")
+    if cfg.rlsd_teacher_sync_steps > 0:
+        actor = "actor_rollout_ref.actor"
+        coef = float(get_key(config, f"{actor}.kl_loss_coef", 0.0) or 0.0)
+        if bool(get_key(config, f"{actor}.use_kl_loss", False)) and coef != 0.0:
+            raise ValueError(f"{actor}.kl_loss_coef={coef} with mrtpo.rlsd_teacher_sync_steps="
+                             f"{cfg.rlsd_teacher_sync_steps}: the synced teacher lives in verl's reference model, so the KL "
+                             f"would pull towards the last synced policy, not the initial one (the RLSD authors run no KL). "
+                             f"Set {actor}.kl_loss_coef=0 or mrtpo.rlsd_teacher_sync_steps=0")
+        warmup = int(get_key(config, "trainer.critic_warmup", 0) or 0)
+        if warmup > 0:
+            raise ValueError(f"trainer.critic_warmup={warmup} with mrtpo.rlsd_teacher_sync_steps: the sync counts actor "
+                             "updates, which the warm-up skips. Set trainer.critic_warmup=0")
 
 
 RLSD = Method(
@@ -134,4 +184,7 @@ RLSD = Method(
     replay=ReplayPass(variants="p_all", reference=initial_teacher), strength=rlsd_strength,
     advantage=rlsd_advantage, checks=(check_per_reward_step, check_module_forward, check_rlsd_teacher),
     no_privileged=rlsd_without_privileged,
+    after_step=GlueRef("recipe.mrtpo.methods.rlsd.step", "write_rlsd_settings"),
+    actor_part=ActorPartRef(LOSS_SETTINGS_KEY, "recipe.mrtpo.methods.rlsd.actor", "RLSDActorPart", "rlsd_synced_teacher"),
+    settings=AUTHORS_SCRIPT,
 )
