@@ -5,8 +5,9 @@ Reward and agent-loop workers run on every node of a Ray cluster (verl 0.9.1's `
 Rows store such paths relative to the data root; every worker resolves them against ``$MRTPO_DATA_ROOT`` (default:
 the repository's ``data/``), which the run scripts pass to every worker through Ray's runtime env. A path that is
 absolute stays as it is. A file that is not there is reported in one line naming the file and the node
-(:func:`missing_line`): before the first step by the node check, and during the run as a counted verifier error
-(``mrtpo/verifier_errors``), never as a reward of 0.
+(:func:`missing_line`): before the first step by the node check (``node_check``), and during the run in the
+verifier's error, where the row then leaves the advantage (``reward_extras``; counted as ``mrtpo/missing_files``),
+never as a reward of 0.
 """
 
 from __future__ import annotations
