@@ -6,6 +6,8 @@ Checks, each one line (``ok`` / ``MISSING`` / ``DIFFERS`` / ``note``):
 - Python and the packages verl drives (verl, vLLM, torch and its CUDA build, transformers, flash-attn,
   numpy, TransferQueue, Ray, bfcl-eval), installed version beside the GPU pin of ``requirements-gpu.txt``;
 - CUDA devices (name, memory) or "no CUDA";
+- attention: where flash-attn is missing, what to do (build it, what that costs, or the SDPA overrides that
+  run without it, :data:`SDPA_OVERRIDES`; docs/gpu_install.md);
 - the offline assets (``$MRTPO_ASSETS`` or ``<repo>/.assets``: what ``run_scripts/fetch_assets.py`` unpacks);
 - whether the recipe's reliance on verl internals holds for the installed verl: the advantage-step seam
   (``recipe/mrtpo/verl_seam.py``'s pinned source hash), the trainer registration and verl's version (the
@@ -226,6 +228,29 @@ def driver_line(gpu: bool, version: Optional[str], cuda_build: Optional[str]) ->
     return Line("ok", "NVIDIA driver", f"{version} (CUDA 13 builds need >= {MIN_DRIVER_CUDA13})", gpu)
 
 
+#: the path without flash-attn (no wheel for CUDA 13 + torch 2.11): the actor's and the reference's HF model on torch
+#: SDPA (``actor_rollout_ref.model`` is the one model config of verl 0.9.1's actor, reference and rollout) and
+#: padded batches (the packed ``use_remove_padding`` forwards need flash-attention's varlen kernels); vLLM's
+#: rollout brings its own attention kernels. The CPU runs use the same two (``recipe.mrtpo.cpu.runtime``).
+SDPA_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                  "actor_rollout_ref.model.use_remove_padding=False")
+FLASH_ATTN_BUILD = "MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"
+#: what flash-attention's own install notes say the build costs (not measured here)
+FLASH_ATTN_BUILD_COST = "its notes: 3-5 min on 64 cores with ninja, ~2 h without; MAX_JOBS bounds RAM under 96 GB"
+
+
+def attention_line(gpu: bool, flash_attn_version: Optional[str]) -> Line:
+    """What the run's attention will be; where flash-attn is missing, the two ways on (never counted: the
+    package line already counts the missing flash-attn)."""
+    if flash_attn_version is not None:
+        return Line("ok", "attention", f"flash-attn {flash_attn_version}: the scripts' flash_attention_2 and "
+                    "packed (use_remove_padding=True) forwards", False)
+    return Line("note", "attention", "no flash-attn (no wheel for CUDA 13 + torch 2.11): build it with "
+                f"`{FLASH_ATTN_BUILD}` (nvcc 13 + ninja; {FLASH_ATTN_BUILD_COST}) "
+                f"or append `{' '.join(SDPA_OVERRIDES)}` to the run script (SDPA, padded batches: "
+                "docs/gpu_install.md)", False)
+
+
 def report(gpu: bool) -> tuple[list[str], int]:
     pins = gpu_pins()
     with warnings.catch_warnings():  # verl's import-time notices (engines absent, no accelerator) are not findings
@@ -234,7 +259,8 @@ def report(gpu: bool) -> tuple[list[str], int]:
         try:
             sections = [
                 ("python and packages", [python_line(gpu), *package_lines(gpu, pins)]),
-                ("accelerators", [*cuda_lines(gpu), driver_line(gpu, nvidia_driver(), _torch_cuda())]),
+                ("accelerators", [*cuda_lines(gpu), driver_line(gpu, nvidia_driver(), _torch_cuda()),
+                                  attention_line(gpu, installed(("flash-attn", "flash_attn"))[1])]),
                 ("offline assets", asset_lines()),
                 ("verl internals the recipe relies on", seam_lines()),
             ]

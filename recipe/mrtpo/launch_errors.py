@@ -14,7 +14,8 @@ the Ray job: a training crash) keeps its full traceback: one line would hide whe
 Which errors are "launch errors": Hydra's composition and override errors, OmegaConf's key and
 validation errors, and ``ValueError`` / ``FileNotFoundError`` / ``AssertionError`` raised in the driver
 before Ray runs the job (the recipe's ``check_config``, the schema, verl's ``validate_config``,
-:func:`check_local_paths`); never an exception that comes back from Ray.
+:func:`check_local_paths`); of the exceptions that come back from Ray only one: the node check's missing file
+(``recipe.mrtpo.node_check``, run in the task runner before the first step; its line names the file and the node).
 
 Public names: :func:`check_local_paths`, :func:`one_line`, :func:`is_launch_error`,
 :func:`launch_errors_in_one_line`, :func:`run_hydra_main`.
@@ -84,8 +85,17 @@ def _key_suggestion(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _node_file_cause(exc: BaseException) -> Optional[BaseException]:
+    """The node check's ``FileNotFoundError`` behind a Ray error (``RayTaskError.cause``), else None."""
+    from recipe.mrtpo.node_files import is_missing_file
+
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, FileNotFoundError) and is_missing_file(str(cause)) else None
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a launch error on one line (module docstring)."""
+    exc = _node_file_cause(exc) or exc
     text = _key_suggestion(exc)
     if text is None:
         text = str(exc).strip() or type(exc).__name__
@@ -102,7 +112,7 @@ def is_launch_error(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover - ray is a dependency of verl
         RayError = ()
     if RayError and isinstance(exc, RayError):
-        return False
+        return _node_file_cause(exc) is not None
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

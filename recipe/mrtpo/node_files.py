@@ -5,8 +5,9 @@ Reward and agent-loop workers run on every node of a Ray cluster (verl 0.9.1's `
 Rows store such paths relative to the data root; every worker resolves them against ``$MRTPO_DATA_ROOT`` (default:
 the repository's ``data/``), which the run scripts pass to every worker through Ray's runtime env. A path that is
 absolute stays as it is. A file that is not there is reported in one line naming the file and the node
-(:func:`missing_line`): before the first step by the node check, and during the run as a counted verifier error
-(``mrtpo/verifier_errors``), never as a reward of 0.
+(:func:`missing_line`): before the first step by the node check (``node_check``), and during the run in the
+verifier's error, where the row then leaves the advantage (``reward_extras``; counted as ``mrtpo/missing_files``),
+never as a reward of 0.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 DATA_ROOT_ENV = "MRTPO_DATA_ROOT"
+#: how :func:`missing_line` begins (the node's name follows): what the trainer and the launch recognise it by
+MISSING_MARK = "mrtpo: file not found on node "
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -47,11 +50,19 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-def missing_line(path: str, stored: str | None = None) -> str:
-    """One line: which file is missing on which node (and the data root it was resolved against)."""
+def missing_line(path: str, stored: str | None = None, named_by: str | None = None) -> str:
+    """One line: which file is missing on which node, and the data root it was resolved against (a row's file,
+    ``stored`` as the row stores it) or the setting that names it (``named_by``: a file the run's settings name)."""
+    if named_by:
+        return f"{MISSING_MARK}{node_name()}: {path} (named by {named_by}; it must be there on every node)"
     shown = path if stored is None or stored == path else f"{path} (row: {stored})"
-    return (f"mrtpo: file not found on node {node_name()}: {shown}; "
+    return (f"{MISSING_MARK}{node_name()}: {shown}; "
             f"{DATA_ROOT_ENV}={data_root()} (set it to the same data on every node)")
+
+
+def is_missing_file(text: str) -> bool:
+    """Whether an error text (a verifier's ``mrtpo_error``, an exception's message) holds a :func:`missing_line`."""
+    return MISSING_MARK in str(text or "")
 
 
 def first_missing(paths: Iterable[str]) -> str | None:

@@ -12,6 +12,11 @@ and contexts travel as one JSON object under fixed keys of ``reward_extra_info``
 
 :func:`read_reward_table` parses them once, on the driver, into a :class:`RewardTable` of tensors that
 the advantage step uses directly. No verl import.
+
+A verifier that raised because a file it reads was not on its node (the error holds
+:func:`recipe.mrtpo.node_files.missing_line`: a database that vanished mid-run) did not judge the response at
+all: the row is not scored 0 but left out of the advantage (:func:`advantage_mask`): its scores stay absent
+(NaN), so it enters no group's statistics, and its advantage is exactly 0 (counted: ``mrtpo/missing_files``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from recipe.mrtpo.node_files import is_missing_file
 
 SCORES_KEY = "mrtpo_rewards"
 CONTEXTS_KEY = "mrtpo_contexts"
@@ -92,9 +99,10 @@ class RewardTable:
     """The batch's per-reward scores and verifier information, parsed once.
 
     names: the K reward names (sorted union over the batch); scores: [B, K] (NaN = absent; a sample whose
-    verifier raised has 0 on its group's rewards); contexts: per sample {name: {"text", "placement"}};
-    errors: per sample verifier error ("" if none); raised: per sample, the verifier raised (no scores at all;
-    a checker that failed on one reward leaves an error but its scores).
+    verifier raised has 0 on its group's rewards, unless it raised on a missing file: NaN on every reward);
+    contexts: per sample {name: {"text", "placement"}}; errors: per sample verifier error ("" if none); raised:
+    per sample, the verifier raised (no scores at all; a checker that failed on one reward leaves an error but
+    its scores).
     """
 
     names: list[str]
@@ -116,6 +124,22 @@ class RewardTable:
         """Per sample: the agent loop's record was missing or malformed (scored 0 on every reward)."""
         return [e.startswith(RECORD_ERROR_PREFIX) for e in self.errors]
 
+    @property
+    def missing_files(self) -> list[bool]:
+        """Per sample: the verifier raised on a file missing on its node (module docstring): out of the advantage."""
+        return [bool(r) and is_missing_file(e) for e, r in zip(self.errors, self.raised)]
+
+
+def advantage_mask(response_mask: torch.Tensor, out_rows) -> torch.Tensor:
+    """The response mask with the rows ``out_rows`` ([B] bool) zeroed: mask'[i, t] = mask[i, t] * (1 - out_i).
+
+    Every method's advantage is masked by it (0 on those rows) and verl's batch whitening runs over the other
+    rows' tokens only, so a row whose verifier could not judge it moves no other row's advantage."""
+    out = torch.as_tensor(out_rows, dtype=torch.bool, device=response_mask.device).reshape(-1)
+    if out.numel() != response_mask.shape[0]:
+        raise ValueError(f"out_rows has {out.numel()} entries for {response_mask.shape[0]} rows")
+    return response_mask * (~out).to(response_mask.dtype).unsqueeze(-1)
+
 
 def read_reward_table(extras: Sequence[dict], index) -> RewardTable:
     """Parse the reward manager's extras of a batch (see module docstring) into a :class:`RewardTable`."""
@@ -124,6 +148,7 @@ def read_reward_table(extras: Sequence[dict], index) -> RewardTable:
     scores = scores_matrix(per_sample, names)
     errors = [str(e.get(ERROR_KEY) or "") for e in extras]
     errored = [bool(err) and not _parse(s) for err, s in zip(errors, per_sample)]
-    scores = fill_errored_samples(scores, errored, index)
+    # a missing file: no verdict, so no score (NaN: out of its group's statistics), never a 0
+    scores = fill_errored_samples(scores, [r and not is_missing_file(e) for r, e in zip(errored, errors)], index)
     contexts = [_parse(e.get(CONTEXTS_KEY) or "{}") for e in extras]
     return RewardTable(names=names, scores=scores, contexts=contexts, errors=errors, raised=errored)

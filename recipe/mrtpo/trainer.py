@@ -48,7 +48,7 @@ from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, w
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
-from recipe.mrtpo.reward_extras import RewardTable, read_reward_table, reward_extras
+from recipe.mrtpo.reward_extras import RewardTable, advantage_mask, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender
 from recipe.mrtpo.step_metrics import concentration, padding_rows, reward_metrics
 from recipe.mrtpo.step_plan import StepPlan, plan_step
@@ -177,7 +177,11 @@ class MRTPOTrainer(PPOTrainerSync):
         if not method.recipe_step:  # verl's estimator step (GRPO); the recipe only adds its reward metrics
             if any(extras):
                 valid = ~padding_rows(batch, None) if len(getattr(batch, "tags", None) or []) == len(extras) else None
-                metrics.update(reward_metrics(read_reward_table(extras, np.arange(len(extras))), valid))
+                table = read_reward_table(extras, np.arange(len(extras)))
+                metrics.update(reward_metrics(table, valid))
+                if any(table.missing_files):  # verl's step sees one scalar, 0 for such a row, and cannot leave it out
+                    raise RuntimeError(next(e for e, m in zip(table.errors, table.missing_files) if m)
+                                       + f" (step {self.global_steps}: verl's {method.estimator} step would train on a 0)")
             return super()._compute_advantage(batch, metrics)
 
         ab = verl_seam.read_advantage_batch(self.config, batch, metrics)
@@ -203,9 +207,14 @@ class MRTPOTrainer(PPOTrainerSync):
         elif plan.replay_skipped:
             metrics["mrtpo/replay_skipped"] = 1.0  # strength 0 (warm-up start) or replay disabled: plain GDPO
 
-        inputs = AdvantageInputs(cfg, table, ab.uid, ab.response_mask.float(), valid, plan.step, plan.strength, replay,
+        out_rows = torch.tensor(table.missing_files, dtype=torch.bool)  # no verdict: out of the advantage, exactly 0
+        if out_rows.any():
+            logger.warning("mrtpo: step %s: %d rows left out of the advantage, their verifier's file missing: %s",
+                           self.global_steps, int(out_rows.sum()), next(e for e, m in zip(table.errors, out_rows) if m))
+        mask = advantage_mask(ab.response_mask.float(), out_rows)
+        inputs = AdvantageInputs(cfg, table, ab.uid, mask, valid & ~out_rows, plan.step, plan.strength, replay,
                                  ab.data.batch.get("old_log_probs", None))
-        adv = self._advantage(method, inputs, metrics)
+        adv = self._advantage(method, inputs, metrics) if (valid & ~out_rows).any() else torch.zeros_like(mask)  # all rows out
         out = verl_seam.write_advantages(batch, ab, adv, adv)
         if plan.teacher_pass:
             _, row_render, _ = self._planner_renders(self._row_tools(batch, len(ab.uid)))  # the rows' tools, as the rollout's

@@ -40,6 +40,8 @@ def test_gpu_flag_counts_the_gpu_stack_on_a_cpu_node():
     assert res.returncode == 1
     verdict = res.stdout.splitlines()[-1]
     assert "CUDA devices" in verdict and "flash-attn" in verdict
+    # and what to do without it (test_without_flash_attn_...): the line is on the screen, not counted
+    assert any(ln.split()[:2] == ["note", "attention"] and doctor.FLASH_ATTN_BUILD in ln for ln in res.stdout.splitlines())
 
 
 def test_missing_assets_are_named_with_the_command_that_fetches_them(tmp_path):
@@ -80,3 +82,23 @@ def test_the_driver_line_checks_what_cuda_13_builds_need():
     assert driver_line(True, None, "13.0").status == "MISSING" and driver_line(True, None, "13.0").counts
     assert driver_line(False, None, None).status == "note" and not driver_line(False, None, None).counts
     assert driver_line(True, "garbage", "13.0").status == "DIFFERS"
+
+
+def test_without_flash_attn_the_doctor_says_what_to_do_and_the_sdpa_overrides_compose():
+    """No flash-attn wheel for CUDA 13 + torch 2.11: the line names the build (and its cost) and the SDPA overrides;
+    those are keys of verl 0.9.1's config and the very ones every CPU run of verl's loop uses (e2e tests)."""
+    from hydra import compose, initialize_config_dir
+
+    import recipe.mrtpo.config  # noqa: F401  (the mrtpo group's schema)
+    from recipe.mrtpo.cpu.runtime import cpu_overrides
+    from recipe.mrtpo.doctor import FLASH_ATTN_BUILD, SDPA_OVERRIDES, attention_line
+
+    line = attention_line(True, None)
+    assert line.status == "note" and not line.counts  # the flash-attn package line counts it already
+    assert FLASH_ATTN_BUILD in line.detail and "2 h" in line.detail and all(o in line.detail for o in SDPA_OVERRIDES)
+    assert attention_line(True, "2.8.3").status == "ok"
+    assert set(SDPA_OVERRIDES) <= set(cpu_overrides())
+    with initialize_config_dir(config_dir=str(REPO / "recipe" / "mrtpo" / "config"), version_base=None):
+        cfg = compose(config_name="mrtpo_trainer", overrides=list(SDPA_OVERRIDES))
+    model = cfg.actor_rollout_ref.model  # one model config: the actor's, the reference's and the rollout's
+    assert model.override_config.attn_implementation == "sdpa" and model.use_remove_padding is False

@@ -2,7 +2,7 @@
 
 ``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``;
 ``db_path`` relative to the data root (``node_files``: ``$MRTPO_DATA_ROOT``) or absolute. A database that is not
-there raises one line naming the file and the node, which the reward manager counts (never a reward of 0).
+there raises one line naming the file and the node: the row then leaves the advantage (never a reward of 0).
 The answer is the **last** fenced ```sql block of the response (language tag case-insensitive, ``sqlite``
 accepted too). If the last ```sql fence is never closed (a truncated answer), there is no valid block.
 
