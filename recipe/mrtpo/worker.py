@@ -25,6 +25,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo.core.passes import PassSettings, hf_forward, sync_max_over_ranks
 from recipe.mrtpo.core.replay import replay_relevance
+from recipe.mrtpo.core.shared_prompts import share_fallback_reason
 
 #: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``): the pass engine's
 #: (:class:`recipe.mrtpo.core.passes.PassSettings`; ``layout`` optional, "auto") and the replay's own
@@ -145,12 +146,14 @@ def _settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: str = 
     return PassSettings.from_wire(wire, method, attn, **model), wire
 
 
-def _pass_counts(out: dict, rows: int) -> torch.Tensor:
-    """[rows, 4] long: this rank's own and agreed forward counts and its forwarded and existing tokens,
-    the same on each of its rows (the driver reads one row per rank)."""
+def _pass_counts(out: dict, rows: int, settings: PassSettings) -> torch.Tensor:
+    """[rows, 5] long: this rank's own and agreed forward counts, its forwarded and existing tokens, and 1 where
+    ``share_prompts`` was on but could not apply (``core.shared_prompts.share_fallback_reason``), the same on
+    each of its rows (the driver reads one row per rank)."""
     keys = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
-    counts = torch.tensor([int(out[k]) for k in keys], dtype=torch.long)
-    return counts.expand(rows, len(keys)).clone()
+    fallback = int(share_fallback_reason(settings) is not None)
+    counts = torch.tensor([int(out[k]) for k in keys] + [fallback], dtype=torch.long)
+    return counts.expand(rows, counts.numel()).clone()
 
 
 def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "", **model) -> TensorDict:
@@ -160,7 +163,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
     ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
     :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
     :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
-    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (:func:`_pass_counts`);
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 5] (:func:`_pass_counts`);
     with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
     settings, wire = _settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
@@ -184,7 +187,7 @@ def replay_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "
     fields = {
         "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
         "replay_logprobs": out["replay_logprobs"],
-        "replay_forwards": _pass_counts(out, R),
+        "replay_forwards": _pass_counts(out, R, settings),
     }
     if fused:
         fields["replay_entropy"] = out["replay_entropy"]
@@ -382,7 +385,7 @@ def sdpo_rows(forward, data: TensorDict, device, sync=_sync_max, attn: str = "",
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"].to(torch.int32),  # < 2^31 token ids; half the bytes of k = 100 ids
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": _pass_counts(out, R),
+            "teacher_forwards": _pass_counts(out, R, settings),
             "teacher_fingerprint": fp,
         },
         batch_size=[R],
@@ -413,7 +416,7 @@ def opsd_teacher_rows(forward, data: TensorDict, device, sync=_sync_max, attn: s
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"],
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": _pass_counts(out, R),
+            "teacher_forwards": _pass_counts(out, R, settings),
         },
         batch_size=[R],
     )
