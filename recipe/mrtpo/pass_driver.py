@@ -70,10 +70,10 @@ class PassRequest:
 
 
 def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
-    """Per-rank cost of a pass from the workers' [R', 4] counts (each rank's rows carry its own: forwards,
-    agreed forwards, tokens forwarded, tokens existing; the rows are split over ranks in contiguous
-    chunks): the most and fewest forwards and tokens of a rank, the agreement's padding forwards, and the
-    forwarded over existing tokens."""
+    """Per-rank cost of a pass from the workers' [R', 5] counts (each rank's rows carry its own: forwards,
+    agreed forwards, tokens forwarded, tokens existing, the share_prompts fallback; the rows are split over
+    ranks in contiguous chunks): the most and fewest forwards and tokens of a rank, the agreement's padding
+    forwards, the forwarded over existing tokens and the ranks that could not share prompts."""
     chunks = [c[0] for c in torch.as_tensor(counts).long().chunk(max(1, dp_size)) if c.shape[0]]
     own = [int(c[0]) for c in chunks]
     m = {
@@ -86,6 +86,8 @@ def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
         m[f"{prefix}_tokens_max"] = max(tokens)
         m[f"{prefix}_tokens_min"] = min(tokens)
         m[f"{prefix}_tokens_over_existing"] = sum(tokens) / max(1, sum(int(c[3]) for c in chunks))
+    if chunks[0].shape[0] >= 5:  # ranks whose pass ran unshared although mrtpo.share_prompts is on (flash-attention)
+        m[f"{prefix}_unshared_fallback"] = sum(int(c[4]) for c in chunks)
     return m
 
 

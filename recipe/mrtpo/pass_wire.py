@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
 from recipe.mrtpo.core.passes import PassSettings, sync_max_over_ranks
+from recipe.mrtpo.core.shared_prompts import share_fallback_reason
 
 #: the per-row forward counts a pass answers (``pass_counts``), in this order
 COUNT_KEYS = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
@@ -37,8 +38,10 @@ def wire_settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: st
     return PassSettings.from_wire(got, method, attn, **model), got
 
 
-def pass_counts(out: dict, rows: int) -> torch.Tensor:
-    """[rows, 4] long: this rank's own and agreed forward counts and its forwarded and existing tokens,
-    the same on each of its rows (the driver reads one row per rank)."""
-    counts = torch.tensor([int(out[k]) for k in COUNT_KEYS], dtype=torch.long)
-    return counts.expand(rows, len(COUNT_KEYS)).clone()
+def pass_counts(out: dict, rows: int, settings: PassSettings) -> torch.Tensor:
+    """[rows, 5] long: this rank's own and agreed forward counts, its forwarded and existing tokens, and 1 where
+    ``share_prompts`` was on but could not apply (``core.shared_prompts.share_fallback_reason``), the same on
+    each of its rows (the driver reads one row per rank)."""
+    fallback = int(share_fallback_reason(settings) is not None)
+    counts = torch.tensor([int(out[k]) for k in COUNT_KEYS] + [fallback], dtype=torch.long)
+    return counts.expand(rows, counts.numel()).clone()

@@ -140,7 +140,7 @@ def replay_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = ""
     ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
     :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
     :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
-    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 4] (``pass_wire.pass_counts``);
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 5] (``pass_wire.pass_counts``);
     with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
     settings, wire = wire_settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
@@ -164,7 +164,7 @@ def replay_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = ""
     fields = {
         "variant_relevance": out["variant_relevance"].to(RELEVANCE_DTYPE),
         "replay_logprobs": out["replay_logprobs"],
-        "replay_forwards": pass_counts(out, R),
+        "replay_forwards": pass_counts(out, R, settings),
     }
     if fused:
         fields["replay_entropy"] = out["replay_entropy"]

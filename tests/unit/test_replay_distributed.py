@@ -9,6 +9,12 @@ single-process replay of the four rows.
 SDPO's EMA teacher is swapped into the same FSDP2 shards after those passes and must give the other model's
 log-probs at the student's top-k ids, then the student's weights back.
 
+With shared prompts (``mrtpo.share_prompts``, the default under SDPA): eight rows in groups of 3, 3 and 2 that
+share their prompt variants, split unevenly (rank 0 five rows: the first group and two of the second; rank 1
+three rows: the second group's last and the third), so the ranks plan different numbers of shared forwards and a
+group is split over the ranks; they must agree on the count and together equal the unshared single-process
+replay.
+
 The ranks are this file run as a script (``python test_replay_distributed.py RANK WORLD WORKDIR``),
 rendezvous through a file in WORKDIR (no network), started and bounded by the test.
 """
@@ -25,6 +31,7 @@ import torch
 
 WORLD = 2
 ROWS_OF_RANK = {0: [0, 1, 2], 1: [3]}  # uneven on purpose: 8 forwards against 2
+SHARED_ROWS_OF_RANK = {0: [0, 1, 2, 3, 4], 1: [5, 6, 7]}  # groups (0-2), (3-5), (6-7): the second split over ranks
 BOUND_S = 300  # generous: two processes importing torch + transformers on a loaded 2-core machine
 
 
@@ -65,6 +72,38 @@ def _replay(model, rows, sync):
     with torch.no_grad():
         return replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, micro_batch_size=1,
                                 temperature=0.8, sync_forward_count=sync)
+
+
+def shared_inputs():
+    """Eight rows in groups of 3, 3 and 2 rows sharing their prompt variants (P_all and two P_minus of uneven
+    lengths), responses of uneven lengths, uneven replayed variants per row."""
+    g = torch.Generator().manual_seed(1)
+    groups, NV, P, T = (3, 3, 2), 3, 9, 7
+    R = sum(groups)
+    ids, lens = torch.zeros(R, NV, P, dtype=torch.long), torch.zeros(R, NV, dtype=torch.long)
+    r = 0
+    for n, gl in zip(groups, ([9, 6, 4], [8, 7, 3], [9, 5, 2])):
+        for j, length in enumerate(gl):
+            ids[r : r + n, j, P - length :] = torch.randint(1, 512, (length,), generator=g)
+        lens[r : r + n] = torch.tensor(gl)
+        r += n
+    responses = torch.randint(1, 512, (R, T), generator=g)
+    mask = torch.zeros(R, T, dtype=torch.long)
+    for i, n in enumerate([7, 4, 6, 7, 3, 5, 7, 2]):
+        mask[i, :n] = 1
+    pair = torch.tensor([[1, 2], [2, 1], [1, 2], [2, 2], [-1, 1], [1, -1], [2, 1], [1, 2]])
+    return ids, lens, responses, mask, pair
+
+
+def _shared(model, rows, sync, share=True):
+    """The replay of ``shared_inputs``' rows with prompts shared (SDPA: the block mask), 6 sequences a forward."""
+    from recipe.mrtpo.core.passes import PassSettings
+    from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+
+    ids, lens, responses, mask, pair = (x[rows] for x in shared_inputs())
+    settings = PassSettings(temperature=0.8, micro_batch_size=6, layout="sorted", packed_attention="block_mask", share_prompts=share)
+    with torch.no_grad():
+        return replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, settings=settings, sync_forward_count=sync)
 
 
 def _teacher(model, rows, sync):
@@ -110,6 +149,7 @@ def rank_main(rank: int, world: int, workdir: Path) -> None:
     fully_shard(model, mesh=mesh)
     out = _replay(model, ROWS_OF_RANK[rank], sync_max_over_ranks)
     torch.save(out, workdir / f"rank{rank}.pt")
+    torch.save(_shared(model, SHARED_ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"shared{rank}.pt")
     torch.save(_teacher(model, ROWS_OF_RANK[rank], sync_max_over_ranks), workdir / f"teacher{rank}.pt")
     # SDPO's EMA teacher swapped into the FSDP2 shards after the no-grad passes above (FSDP2 keeps the root's
     # parameters gathered after a no-grad forward: the swap reshards first; without it the root's parameters are the
@@ -159,6 +199,16 @@ def test_uneven_ranks_under_fsdp2_finish_and_equal_one_process(tmp_path):
     assert torch.allclose(got_rel, ref["variant_relevance"], atol=1e-5)
     assert torch.allclose(got_lp, ref["replay_logprobs"], atol=1e-5)
     assert (ref["variant_relevance"][0, :2] > 0).any() and (ref["variant_relevance"][2, :, 2:4] == 0).all()
+    # shared prompts, a group split over the ranks: different forward counts, agreed; equal to one process unshared
+    shared = [torch.load(tmp_path / f"shared{r}.pt") for r in range(WORLD)]
+    own = [int(o["n_forwards"]) for o in shared]
+    assert own[0] > own[1] and [int(o["n_forwards_global"]) for o in shared] == [own[0]] * 2, own
+    assert all(int(o["tokens_forwarded"]) < int(o["tokens_existing"]) for o in shared)  # each rank shared its groups' prompts
+    unshared = _shared(tiny_qwen2(), list(range(8)), None, share=False)
+    for key in ("variant_relevance", "replay_logprobs"):
+        got = torch.cat([o[key] for o in shared])
+        assert torch.allclose(got, unshared[key], atol=1e-5), (key, float((got - unshared[key]).abs().max()))
+    assert float(unshared["variant_relevance"].max()) > 1e-2
     # the teacher pass, same engine: 3 forwards against 1, agreed; equal to one process (gapped mask of row 2)
     teach = [torch.load(tmp_path / f"teacher{r}.pt") for r in range(WORLD)]
     assert [int(o["n_forwards"]) for o in teach] == [3, 1] and [int(o["n_forwards_global"]) for o in teach] == [3, 3]

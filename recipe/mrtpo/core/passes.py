@@ -58,7 +58,7 @@ from typing import Any, Optional, Union
 import torch
 
 from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
-from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs
+from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs, shares_prompts
 
 
 class LogitsShapeError(RuntimeError):
@@ -412,7 +412,7 @@ def run_pass(
     The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
     run after the last (module docstring).
     """
-    shared = settings.share_prompts and settings.packed_attention == "block_mask" and settings.layout != "single"
+    shared = shares_prompts(settings)  # off, or on where the attention can share (else unshared, logged)
     batches = plan_shared_forwards(seqs, prompts, settings.token_budget, settings.micro_batch_size) if shared else plan_forwards(seqs, settings)
     counts = PassCounts(n_forwards=len(batches))
     counts.n_forwards_global = int(sync_forward_count(counts.n_forwards)) if sync_forward_count is not None else counts.n_forwards

@@ -17,16 +17,49 @@ token budget (its shared length, prompts once) or over ``micro_batch_size`` sequ
 big for a forward of its own is split, between rows.
 
 The mask is dense ([L, L]), the exact path of SDPA and eager attention (CPU, tests, small lengths);
-flash-attention's varlen kernel cannot express a prefix shared by several sequences, so under it the
-engine keeps the unshared layouts (docs/design.md §5.3). Pure torch; reads sequences by their fields
-(``row``, ``variant``, ``prompt_len``, ``resp_len``) so that :mod:`recipe.mrtpo.core.passes` may import it.
+flash-attention's varlen kernel cannot express a prefix shared by several sequences, so under it (and in the
+``single`` layout of recurrent model types) the engine keeps the unshared layouts: :func:`shares_prompts`
+decides, and logs that fallback once per process; the worker counts it per pass (docs/design.md §5.3).
+Pure torch; reads sequences and settings by their fields (``row``, ``variant``, ``prompt_len``,
+``resp_len``; ``share_prompts``, ``packed_attention``, ``layout``) so that :mod:`recipe.mrtpo.core.passes`
+may import it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
+
+logger = logging.getLogger(__name__)
+_FALLBACK_LOGGED: set = set()
+
+
+def share_fallback_reason(settings) -> Optional[str]:
+    """Why a pass asked to share prompts (``settings.share_prompts``) forwards them unshared, or None: the
+    block mask needs SDPA / eager attention (``packed_attention == "block_mask"``), and a recurrent model type
+    runs one sequence per forward (``layout == "single"``)."""
+    if not settings.share_prompts:
+        return None
+    if settings.packed_attention != "block_mask":
+        return (f"the model's attention is {settings.packed_attention} (flash-attention): its kernel cannot express a prompt "
+                "shared by several sequences")
+    if settings.layout == "single":
+        return "the model type runs one sequence per forward (recurrent layers)"
+    return None
+
+
+def shares_prompts(settings) -> bool:
+    """Whether a pass with ``settings`` forwards each distinct prompt once (:func:`plan_shared_forwards`). Where
+    ``share_prompts`` is on but cannot apply (:func:`share_fallback_reason`) the pass runs unshared, exactly as
+    with it off, and this logs one warning per process and reason."""
+    why = share_fallback_reason(settings)
+    if why is not None and why not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(why)
+        logger.warning("mrtpo.share_prompts: %s, so the passes forward every prompt unshared (counted per pass as "
+                       "<pass>_unshared_fallback)", why)
+    return bool(settings.share_prompts) and why is None
 
 
 def prompt_key(prompts: torch.Tensor, s) -> tuple[int, bytes]:

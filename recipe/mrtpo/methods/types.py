@@ -15,7 +15,7 @@ from typing import Any, Optional
 SELECTORS = ("mode", "shuffle")
 #: how a pass runs, not what it computes: per-machine presets the run scripts set for every method of a
 #: (model, task) the same way, so they are not refused where no pass runs (they change no number)
-RESOURCE_KNOBS = ("replay_micro_batch_size", "chunk_size", "compile_js")
+RESOURCE_KNOBS = ("replay_micro_batch_size", "chunk_size", "compile_js", "share_prompts")
 #: knobs of the recipe's own advantage step, read by every method that runs it
 STEP_KNOBS = ("reward_weighting", "reward_weights", "dump")
 #: knobs of the replay pass, read by every method that replays

@@ -42,7 +42,7 @@ def opsd_teacher_rows(forward, data: TensorDict, device, sync=sync_max, attn: st
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"],
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": pass_counts(out, R),
+            "teacher_forwards": pass_counts(out, R, settings),
         },
         batch_size=[R],
     )

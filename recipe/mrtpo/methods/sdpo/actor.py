@@ -111,7 +111,7 @@ def sdpo_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = "", 
             "teacher_topk_logprobs": out["topk_logprobs"],
             "teacher_topk_ids": out["topk_ids"].to(torch.int32),  # < 2^31 token ids; half the bytes of k = 100 ids
             "teacher_token_logprobs": out["token_logprobs"],
-            "teacher_forwards": pass_counts(out, R),
+            "teacher_forwards": pass_counts(out, R, settings),
             "teacher_fingerprint": fp,
         },
         batch_size=[R],
