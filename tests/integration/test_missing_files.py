@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from integration.test_advantage_step import LENS, SCORES, UIDS, padded, run_step, tiny  # noqa: F401
+from integration.test_advantage_step import LENS, SCORES, UIDS, padded, run_step
 from recipe.mrtpo import node_files
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
 from recipe.mrtpo.reward_extras import ERROR_KEY, SCORES_KEY, advantage_mask, read_reward_table

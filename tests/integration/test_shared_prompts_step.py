@@ -23,7 +23,7 @@ import torch
 from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
-from integration.test_advantage_step import FakeTQ, Meta, old_log_probs, render, tiny  # noqa: F401
+from integration.test_advantage_step import FakeTQ, Meta, old_log_probs, render
 from recipe.mrtpo import verl_seam
 from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
 
@@ -98,7 +98,7 @@ def run_steps(monkeypatch, tiny, share: bool, *overrides: str, opsd: bool = Fals
     meta = Meta(keys=[f"{u}_0_{i}" for i, u in enumerate(UIDS)], partition_id="train", extra_info={})
     metrics: dict = {}
     if not opsd:
-        assert trainer._fuses_old_log_prob()
+        assert trainer.plan.fuse_old_log_prob
         trainer._compute_old_log_prob(meta, metrics)
         td["old_log_probs"], td["entropy"] = fake.put["old_log_probs"], fake.put["entropy"]
     trainer._compute_advantage(meta, metrics)
