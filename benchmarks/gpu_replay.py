@@ -4,7 +4,9 @@
     python benchmarks/gpu_replay.py --attn sdpa          # the same with PyTorch's SDPA attention
     python benchmarks/gpu_replay.py --device cpu --dtype fp32 --hidden 64 --layers 2 --heads 4 --kv-heads 2 \\
         --intermediate 128 --vocab 1000 --lengths 8 16 --rows 2 --prompt-len 16 24 --mix-lengths 4 8 24 \\
-        --floor-rows 1 --floor-response-len 16 --no-compile-js   # a smoke run
+        --floor-rows 1 --floor-response-len 16 --no-compile-js --mix if   # a smoke run
+    python benchmarks/gpu_replay.py --attn sdpa --mix prompt-heavy         # only the prompt-heavy mix, shared on / off
+    python benchmarks/gpu_replay.py --attn sdpa --sample-responses         # the mixes' responses sampled from the model
 
 Needs torch and transformers only (no verl, Ray or vLLM): the model is a random-weight Qwen2 of
 Qwen2.5-7B's shape (hidden 3584, 28 layers, 28 query / 4 KV heads, intermediate 18944, vocabulary 152064)
@@ -36,11 +38,22 @@ numerics: autocast, the temperature divided in the logits' dtype, fp32 log-probs
 trainer warns above), and the noise
 floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a longer sequence, and the q of
 a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
+
+``--mix`` (default ``both``): ``if`` is the above; ``prompt-heavy`` (``benchmarks/gpu_prompt_heavy.py``) groups
+of ``--group-n`` responses sharing their prompt variants (prompts 1-4k tokens, responses 64-512), the replay
+timed with the pass engine's ``share_prompts`` off and on (on needs SDPA: under flash_attention_2 its timing is
+skipped with the reason), the counts (forwards, tokens forwarded, the limit) beside the times, ending
+``gpu prompt-heavy: replay shared / unshared = X in time, ...`` (printed before the IF mix's last line).
+``--sample-responses`` (``benchmarks/gpu_sampling.py``): the responses of both mixes, and so the fused check and
+its floor, sampled from the model itself (seeded, ``--sample-temperature``, 0 greedy) instead of random ids; the
+per-length rows and the noise floor of q keep random ids. The weights are random either way; the output says
+which responses ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -53,6 +66,8 @@ if str(REPO) not in sys.path:  # the repository tree, installed or not
     sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_noise_floor import noise_floor  # noqa: E402  (torch + transformers + the core)
+from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups  # noqa: E402
+from benchmarks.gpu_sampling import sample_responses  # noqa: E402
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance  # noqa: E402  (torch-only core)
 
 QWEN25_7B = dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064)
@@ -269,9 +284,23 @@ def best_time(fn, repeats: int, device: str):
     return best, peak_gib(device), out
 
 
-def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bool) -> dict:
+def maybe_sampled(model, var, lens, responses, args) -> tuple[torch.Tensor, str]:
+    """(the responses, what they are): ``responses`` (random ids) as they are, or with ``--sample-responses`` as
+    many tokens sampled from the model after each row's P_all (``benchmarks/gpu_sampling.py``)."""
+    if not args.sample_responses:
+        return responses, "random ids"
+    t0 = time.perf_counter()
+    out, logp = sample_responses(model, var[:, 0], lens[:, 0], responses.shape[1], temperature=args.sample_temperature,
+                                 seed=args.sample_seed, device=args.device)
+    sync(args.device)
+    return out, (f"sampled from the model, temperature {args.sample_temperature}, seed {args.sample_seed}, in "
+                 f"{time.perf_counter() - t0:.1f}s: mean log p {logp:.3f}, random ids' -log V = {-math.log(args.vocab):.3f}")
+
+
+def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bool, sample: bool = False) -> dict:
     fwd = hf_forward(model)
     var, lens, responses, mask, pair = make_rows(lengths, tuple(args.prompt_len), args.variants, args.vocab, g, vary_nv)
+    responses, note = maybe_sampled(model, var, lens, responses, args) if sample else (responses, "random ids")
     nv_mean = float((lens > 0).sum()) / len(lengths)
 
     def olp_pad():
@@ -293,7 +322,8 @@ def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bo
     x = t_rep / (nv_mean * t_rm)
     print(f"{label:>6} | {len(lengths):>4} | {int(mask.sum()):>7} | {nv_mean:>4.1f} | {t_pad * 1e3:9.1f}ms | {t_rm * 1e3:9.1f}ms | "
           f"{t_rep * 1e3:9.1f}ms | {x:13.2f} | {m_rm:9.2f} | {m_rep:9.2f}", flush=True)
-    return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay, "inputs": (var, lens, responses, mask)}
+    return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay, "inputs": (var, lens, responses, mask),
+            "note": note}
 
 
 def _stats(values: torch.Tensor) -> str:
@@ -320,10 +350,24 @@ def main(argv: Optional[list[str]] = None) -> float:
                     help="temperatures of the fused check against verl's old_log_prob numerics (the mix)")
     ap.add_argument("--floor-rows", type=int, default=2, help="noise floor: sequences measured")
     ap.add_argument("--floor-response-len", type=int, default=1024)
+    ap.add_argument("--mix", choices=("if", "prompt-heavy", "both"), default="both",
+                    help="the IF mix (lengths table, checks, floor), the prompt-heavy mix (shared prompts off / on), or both")
+    ap.add_argument("--group-n", type=int, default=4, help="prompt-heavy: responses per prompt (rollout.n)")
+    ap.add_argument("--heavy-groups", type=int, default=4, help="prompt-heavy: groups (distinct prompts)")
+    ap.add_argument("--heavy-prompt-len", nargs=2, type=int, default=[1024, 4096], metavar=("LO", "HI"))
+    ap.add_argument("--heavy-response-len", nargs=2, type=int, default=[64, 512], metavar=("LO", "HI"))
+    ap.add_argument("--sample-responses", action="store_true",
+                    help="the mixes' responses sampled from the model (seeded) instead of random ids")
+    ap.add_argument("--sample-temperature", type=float, default=1.0, help="with --sample-responses; 0: greedy")
+    ap.add_argument("--sample-seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.attn = args.attn or default_attn(args.device)
     if args.variants < 2 or not 0 < args.prompt_len[0] <= args.prompt_len[1]:
         ap.error("need --variants >= 2 and 0 < LO <= HI for --prompt-len")
+    if args.group_n < 1 or args.heavy_groups < 1 or args.sample_temperature < 0 or not (
+            0 < args.heavy_prompt_len[0] <= args.heavy_prompt_len[1] and 0 < args.heavy_response_len[0] <= args.heavy_response_len[1]):
+        ap.error("need --group-n, --heavy-groups >= 1, --sample-temperature >= 0 and 0 < LO <= HI for the heavy lengths")
+    run_if, run_heavy = args.mix in ("if", "both"), args.mix in ("prompt-heavy", "both")
 
     t0 = time.perf_counter()
     model = build_model(args)
@@ -341,16 +385,36 @@ def main(argv: Optional[list[str]] = None) -> float:
                              compiled_js=True)
         sync(args.device)
         print(f"JS kernel compiled in {time.perf_counter() - t0:.1f}s (first replay)")
+    responses = (f"the mixes' sampled from the model (temperature {args.sample_temperature}, seed {args.sample_seed})"
+                 if args.sample_responses else "random ids")
     print(f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, token_budget={args.token_budget}, variants up to "
-          f"{args.variants}, compile_js={args.compile_js}, best of {args.repeats}")
+          f"{args.variants}, compile_js={args.compile_js}, best of {args.repeats}, mix {args.mix}, responses: {responses}")
+    if run_if:
+        mix = bench_if_mix(model, args, g)
+    if run_heavy:
+        heads = make_rows([1] * args.heavy_groups, tuple(args.heavy_prompt_len), args.variants, args.vocab, g, vary_nv=True)
+        var, lens, responses, mask, pair = expand_groups(heads, args.group_n, tuple(args.heavy_response_len), args.vocab, g)
+        responses, note = maybe_sampled(model, var, lens, responses, args)
+        heavy = bench_prompt_heavy(model, (var, lens, responses, mask, pair), args,
+                                   lambda fn: best_time(fn, args.repeats, args.device), note)
+    if not run_if:
+        return heavy["on"]["time"] / heavy["off"]["time"] if "on" in heavy else float("nan")
+    print(f"gpu mix: replay / (variants x old_log_prob) = {mix['x']:.2f}")
+    return mix["x"]
+
+
+def bench_if_mix(model, args, g: torch.Generator) -> dict:
+    """The IF mix (module docstring): the per-length table and the mix, the JS comparison, the consistency, the
+    standing check and the noise floor of q; the mix's result (its ratio ``x``)."""
     print(f"{'T':>6} | {'rows':>4} | {'tokens':>7} | {'NV':>4} | {'olp pad':>11} | {'olp rmpad':>11} | {'replay':>11} | "
           f"{'rep/(NV x olp)':>13} | {'olp GiB':>9} | {'rep GiB':>9}")
     for T in args.lengths:
         bench_rows(str(T), model, [T] * args.rows, args, g, vary_nv=False)
     order = torch.randperm(len(args.mix_lengths), generator=g).tolist()  # the trainer's order is not by length
-    mix = bench_rows("mix", model, [args.mix_lengths[i] for i in order], args, g, vary_nv=True)
+    mix = bench_rows("mix", model, [args.mix_lengths[i] for i in order], args, g, vary_nv=True, sample=True)
     print("(NV: sequences per row, P_all included; olp: old_log_prob; rep/(NV x olp) against olp rmpad, verl's; "
           "peak GiB: torch.cuda.max_memory_allocated during the timed calls, weights included)")
+    print(f"mix: responses {mix['note']}")
 
     valid = mix["mask"] > 0
     if args.compile_js:
@@ -369,12 +433,11 @@ def main(argv: Optional[list[str]] = None) -> float:
               f"reversed): {_stats(chk['floor'])}; {ok}: threshold 2 x floor + {chk['key']} tolerance = {chk['threshold']:.2e}")
     floor = noise_floor(hf_forward(model), args.vocab, args.floor_rows, args.prompt_len[1], args.floor_response_len,
                         args.prompt_len[1] + args.floor_response_len + 256, 16, 0.5, device=args.device)
-    print(f"noise floor of q over {floor['positions']} positions (P_all against itself beside a longer sequence): mean "
-          f"{floor['floor_mean']:.2e}, p99 {floor['floor_p99']:.2e}, max {floor['floor_max']:.2e}; q of a real variant (16 "
+    print(f"noise floor of q over {floor['positions']} positions (P_all against itself beside a longer sequence, random "
+          f"ids): mean {floor['floor_mean']:.2e}, p99 {floor['floor_p99']:.2e}, max {floor['floor_max']:.2e}; q of a real variant (16 "
           f"tokens removed) {floor['q_mean']:.4f}: floor / q = {floor['floor_mean'] / floor['q_mean']:.4f}; |dw| at beta 0.5: "
           f"mean {floor['dw_mean']:.2e}, max {floor['dw_max']:.2e}")
-    print(f"gpu mix: replay / (variants x old_log_prob) = {mix['x']:.2f}")
-    return mix["x"]
+    return mix
 
 
 if __name__ == "__main__":
