@@ -160,13 +160,15 @@ def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only
     script = BLOCK_HEAVY_IMPORTS % str(REPO / "benchmarks" / "gpu_replay.py")
     args = ["--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
             "--intermediate", "128", "--vocab", "1000", "--lengths", "8", "16", "--rows", "2", "--prompt-len", "16", "24",
-            "--mix-lengths", "4", "8", "24", "--floor-rows", "1", "--floor-response-len", "16", "--repeats", "1", "--no-compile-js"]
+            "--mix-lengths", "4", "8", "24", "--floor-rows", "1", "--floor-response-len", "16", "--repeats", "1", "--no-compile-js",
+            "--mix", "if"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout.splitlines()
     assert "vocab 1000" in out[0] and "dtype=fp32" in out[0] and "attn=sdpa" in out[0]
     assert "prompts 16-24 tokens, token_budget=24576, variants up to 6" in out[1]  # the 7B scripts' budget and variants
+    assert out[1].endswith("mix if, responses: random ids") and "mix: responses random ids" in out
     header = next(i for i, line in enumerate(out) if "rep/(NV x olp)" in line)
     assert _cells(out[header])[4:7] == ["olp pad", "olp rmpad", "replay"]
     end = next(i for i in range(header + 1, len(out)) if out[i].startswith("(NV:"))  # the table's note ends it
@@ -192,6 +194,122 @@ def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only
     assert floor and float(floor.group(1)) < 1e-3, text  # fp32: no floor to speak of
     m = re.fullmatch(r"gpu mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])
     assert m and float(m.group(1)) == pytest.approx(float(rows[-1][7]), abs=0.01)
+
+
+def _tiny_qwen2(vocab: int = 1000):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def test_sampled_responses_are_the_models_own_greedy_and_seeded_tokens():
+    """gpu_replay's --sample-responses: greedy (temperature 0) gives the argmax of the model's full forward over
+    [prompt | response] at every position (KV-cached loop over a left-padded batch); temperature 1 gives exactly the
+    draws one seeded generator makes from the full forward's softmax, position by position; not random ids."""
+    import torch
+
+    from benchmarks.gpu_sampling import sample_responses
+
+    model = _tiny_qwen2()
+    g = torch.Generator().manual_seed(1)
+    lens, P, T = torch.tensor([20, 13, 7]), 20, 12
+    prompts = torch.zeros(3, P, dtype=torch.long)
+    for r in range(3):
+        prompts[r, P - int(lens[r]):] = torch.randint(0, 1000, (int(lens[r]),), generator=g)
+
+    def full_logits(responses):  # each row alone, unpadded: the logits predicting its response tokens
+        with torch.no_grad():
+            return [model(input_ids=torch.cat([prompts[r, P - int(lens[r]):], responses[r]])[None]).logits[0, int(lens[r]) - 1: -1]
+                    for r in range(3)]
+
+    greedy, lp_greedy = sample_responses(model, prompts, lens, T, temperature=0)
+    assert all(torch.equal(lg.argmax(-1), greedy[r]) for r, lg in enumerate(full_logits(greedy)))
+    assert lp_greedy > -math.log(1000)  # the argmax is at least as likely as the uniform 1 / V
+    drawn, _ = sample_responses(model, prompts, lens, T, temperature=1.0, seed=3)
+    assert torch.equal(drawn, sample_responses(model, prompts, lens, T, temperature=1.0, seed=3)[0])  # seeded
+    assert not torch.equal(drawn, sample_responses(model, prompts, lens, T, temperature=1.0, seed=4)[0])
+    logits, ref_g = full_logits(drawn), torch.Generator().manual_seed(3)
+    ref = torch.stack([torch.multinomial(torch.softmax(torch.stack([lg[t] for lg in logits]), -1), 1, generator=ref_g)[:, 0]
+                       for t in range(T)], 1)
+    assert torch.equal(ref, drawn)
+    with pytest.raises(ValueError, match="temperature >= 0"):
+        sample_responses(model, prompts, lens, T, temperature=-1.0)
+
+
+def test_gpu_replay_prompt_heavy_mix_counts_shared_below_unshared_on_sampled_responses(tmp_path):
+    """--mix prompt-heavy --sample-responses at a tiny shape (verl & co. unimportable, as on the GPU machine): the
+    table's counts are consistent (shared forwards fewer tokens and no more forwards than unshared, never under
+    the limit; per-response-token column = tokens / response tokens), the shared pass equals the unshared in fp32,
+    the ratio line agrees with the table, and the output says the responses were sampled (greedy)."""
+    script = BLOCK_HEAVY_IMPORTS % str(REPO / "benchmarks" / "gpu_replay.py")
+    args = ["--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--intermediate", "128", "--vocab", "1000", "--repeats", "1", "--no-compile-js", "--mix", "prompt-heavy",
+            "--heavy-groups", "3", "--group-n", "3", "--heavy-prompt-len", "48", "96", "--heavy-response-len", "4", "16",
+            "--token-budget", "400", "--sample-responses", "--sample-temperature", "0"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    text = "\n".join(out)
+    assert "Qwen2 random weights" in out[0] and out[1].endswith("mix prompt-heavy, responses: the mixes' sampled from the "
+                                                                 "model (temperature 0.0, seed 0)")
+    assert "rep/(NV x olp)" not in text  # the IF mix did not run
+    intro = next(line for line in out if line.startswith("prompt-heavy mix: 3 groups x 3 responses"))
+    lp = re.search(r"responses 4-16 \(sampled from the model, temperature 0\.0, seed 0, in \S+s: mean log p (\S+), "
+                   r"random ids' -log V = (\S+)\)", intro)
+    assert lp and float(lp.group(1)) > float(lp.group(2)), intro  # greedy: above the uniform model's log p
+    rows = {r[0]: r for r in (_cells(line) for line in out) if r[0] in ("off", "on")}
+    assert set(rows) == {"off", "on"}
+    fwds, tokens = ({k: int(rows[k][i].replace(",", "")) for k in rows} for i in (1, 2))
+    limit = re.search(r"prompt-heavy: limit ([\d,]+) tokens \(distinct prompt-variant tokens once \+ ([\d,]+) response", text)
+    assert limit, text
+    limit_tok, resp_tok = (int(limit.group(i).replace(",", "")) for i in (1, 2))
+    assert limit_tok <= tokens["on"] < tokens["off"] and fwds["on"] <= fwds["off"], (tokens, fwds, limit_tok)
+    for k in rows:
+        assert float(rows[k][3]) == pytest.approx(tokens[k] / resp_tok, abs=0.006)
+    exact = re.search(r"shared vs unshared: max \|dq\| = (\S+), max \|d log p\| of P_all = (\S+) ", text)
+    assert exact and float(exact.group(1)) < 1e-5 and float(exact.group(2)) < 1e-4, text
+    last = re.fullmatch(r"gpu prompt-heavy: replay shared / unshared = (\d+\.\d\d) in time, (\d+\.\d\d) in tokens "
+                        r"forwarded, (\d+\.\d\d) in forwards", out[-1])
+    assert last and float(last.group(1)) > 0, out[-1]
+    assert float(last.group(2)) == pytest.approx(tokens["on"] / tokens["off"], abs=0.006)
+    assert float(last.group(3)) == pytest.approx(fwds["on"] / fwds["off"], abs=0.006)
+
+
+def test_gpu_replay_prompt_heavy_skips_the_shared_timing_under_flash_attention(capsys):
+    """Under flash_attention_2 the engine cannot share prompts: the unshared replay is timed, the shared one is
+    skipped with the engine's reason and the SDPA hint, and the last line says so (no flash-attn needed: only
+    the layout decision reads the attention's name; the tiny model runs SDPA)."""
+    import argparse
+
+    import torch
+
+    from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups
+    from benchmarks.gpu_replay import make_rows
+
+    g = torch.Generator().manual_seed(0)
+    inputs = expand_groups(make_rows([1, 1], (24, 32), 3, 1000, g, True), 2, (4, 8), 1000, g)
+    args = argparse.Namespace(attn="flash_attention_2", device="cpu", variants=3, token_budget=None, compile_js=False,
+                              group_n=2, heavy_prompt_len=[24, 32], heavy_response_len=[4, 8])
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        return 1.0, float("nan"), fn()
+
+    res = bench_prompt_heavy(_tiny_qwen2(), inputs, args, timer, "random ids")
+    out = capsys.readouterr().out.splitlines()
+    assert set(res) == {"off"} and len(calls) == 1
+    assert "layout packed (flash_attention_2)" in out[0]
+    skip = next(line for line in out if line.lstrip().startswith("on |"))
+    assert "skipped: the model's attention is varlen" in skip and "rerun with --attn sdpa" in skip
+    assert out[-1] == "gpu prompt-heavy: shared timing skipped (flash_attention_2); unshared replay 1000.0ms"
 
 
 def test_bench_noise_floor_prints_the_floor_beside_a_real_variants_q(capsys):
