@@ -130,10 +130,15 @@ def test_known_hybrid_and_dense_models_pass_the_check(tmp_path):
 def test_lora_is_refused_for_methods_that_replay_or_teach():
     from recipe.mrtpo.main_mrtpo import check_launch
 
-    for name in ("mrtpo", "gdpo-distill", "rlsd"):
+    live_rlsd = (*METHODS["rlsd"].overrides, "mrtpo.rlsd_teacher=live", "mrtpo.rlsd_teacher_sync_steps=0")
+    for name, overrides in (("mrtpo", METHODS["mrtpo"].overrides), ("gdpo-distill", METHODS["gdpo-distill"].overrides),
+                            ("rlsd", live_rlsd)):
         with pytest.raises(ValueError, match=r"lora_rank=8 \(LoRA\) is not supported with method") as exc:
-            check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS[name].overrides), local_paths=False)
+            check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *overrides), local_paths=False)
         assert "actor_rollout_ref.model.lora_rank=0" in one_line(exc.value)
+    # ALGO=rlsd (the authors' preset) teaches from the synced initial policy, verl's reference worker: refused first
+    with pytest.raises(ValueError, match=r"mrtpo.rlsd_teacher=initial is not supported with LoRA"):
+        check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS["rlsd"].overrides), local_paths=False)
     # OPSD's frozen teacher is verl's reference worker, which under LoRA is the adapter-free actor: refused first
     with pytest.raises(ValueError, match=r"method opsd \(its teacher is frozen at the initial policy\) is not supported with LoRA"):
         check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *METHODS["opsd"].overrides), local_paths=False)

@@ -91,7 +91,9 @@ def test_span_rules_follow_the_checkers():
     r = "  Hello there. Any other questions?  "
     (a, b), = S.span_chars(END, {"end_phrase": "Any other questions?"}, r)
     assert r[a:b] == "Any other questions?"
-    assert [r2[a:b] for r2 in ["<<T>> x <<U>>"] for a, b in S.span_chars(TITLE, {}, r2)] == ["<<T>>", "<<U>>"]
+    # IFEval's TitleChecker: re.findall(r"<<[^\n]+>>") -- greedy within a line, one match per line
+    assert [r2[a:b] for r2 in ["<<T>>\n<<U>>"] for a, b in S.span_chars(TITLE, {}, r2)] == ["<<T>>", "<<U>>"]
+    assert [r2[a:b] for r2 in ["<<T>> x <<U>>"] for a, b in S.span_chars(TITLE, {}, r2)] == ["<<T>> x <<U>>"]
     r = "Text.\nP.S. thanks"
     assert [r[a:b].strip() for a, b in S.span_chars("detectable_content:postscript", {"postscript_marker": "P.S."}, r)] == ["P.S. thanks"]
     assert S.span_chars("startend:quotation", {}, ' "hi" ') == [(1, 2), (4, 5)]
