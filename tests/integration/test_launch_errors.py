@@ -133,7 +133,7 @@ def test_lora_is_refused_for_methods_that_replay_or_teach():
     live_rlsd = (*METHODS["rlsd"].overrides, "mrtpo.rlsd_teacher=live", "mrtpo.rlsd_teacher_sync_steps=0")
     for name, overrides in (("mrtpo", METHODS["mrtpo"].overrides), ("gdpo-distill", METHODS["gdpo-distill"].overrides),
                             ("rlsd", live_rlsd)):
-        with pytest.raises(ValueError, match=r"lora_rank=8 \(LoRA\) is not supported with method") as exc:
+        with pytest.raises(ValueError, match=rf"lora_rank=8 \(LoRA\) is not supported with method {name}") as exc:
             check_launch(_compose("actor_rollout_ref.model.lora_rank=8", *overrides), local_paths=False)
         assert "actor_rollout_ref.model.lora_rank=0" in one_line(exc.value)
     # ALGO=rlsd (the authors' preset) teaches from the synced initial policy, verl's reference worker: refused first
