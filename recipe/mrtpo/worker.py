@@ -241,7 +241,12 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """The method's part on this worker (``ref``: its entry's ``actor_part``), created once."""
         parts = self.__dict__.setdefault("_actor_parts", {})
         if ref.key not in parts:
-            parts[ref.key] = ref.load()(self)
+            part = parts[ref.key] = ref.load()(self)
+            resumed, states = self.__dict__.get("_part_resume", ("", {}))
+            if ref.key in states:  # the run resumed from a checkpoint holding this part's state
+                part.load_state_dict(states.pop(ref.key))
+            elif resumed and ref.checkpoint_dir:
+                part.resumed_without(resumed)
         return parts[ref.key]
 
     def _install_loss(self, loss) -> None:
@@ -290,22 +295,22 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        """verl's, plus each method part's state where the checkpoint holds one (bit for bit as saved); a part with a
-        checkpoint folder whose state the checkpoint lacks is told (``resumed_without``: it refuses where it needs it)."""
+        """verl's, plus each method part's state where the checkpoint holds one (restored now, bit for bit as saved).
+        A part whose state the checkpoint lacks is told so (``resumed_without``: it refuses where it needs it) when
+        its method first uses it (:meth:`actor_part`): a method's run never builds another method's part, whose
+        save would then fail (an MRTPO run resumed must not save RLSD's teacher)."""
         states = {}
         for ref in actor_part_refs():
             path = os.path.join(local_path, ref.checkpoint_dir, rank_file()) if local_path and ref.checkpoint_dir else ""
             if path and os.path.exists(path):
                 states[ref.key] = torch.load(path, map_location="cpu", weights_only=True)
         out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        self._part_resume = (local_path or "", states)
         for ref in actor_part_refs():
-            if not ref.checkpoint_dir:
-                continue
-            part = self.actor_part(ref)
-            if ref.key in states:
-                part.load_state_dict(states[ref.key])
-            else:
-                part.resumed_without(local_path)
+            if ref.checkpoint_dir:
+                self.__dict__.get("_actor_parts", {}).pop(ref.key, None)  # built again from the checkpoint
+                if ref.key in states:  # the method that saved it: its state restored now
+                    self.actor_part(ref)
         return out
 
 

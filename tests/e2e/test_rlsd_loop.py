@@ -29,7 +29,8 @@ TIMEOUT_S = 600
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_rlsd_two_steps_on_text2sql(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path):
     rlsd = get("rlsd")
-    extra = [*rlsd.overrides[1:], "mrtpo.rlsd_teacher_sync_steps=1", "trainer.save_freq=-1", "data.max_prompt_length=1024"]
+    extra = [*rlsd.overrides[1:], "mrtpo.rlsd_teacher_sync_steps=1", "trainer.save_freq=-1", "data.max_prompt_length=1024",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16"]  # the initial teacher: verl's reference worker
     res = run_cpu("recipe.mrtpo.main_mrtpo",
                   [*tiny_run_overrides(tiny_task_qwen2_dir, chinook_train_parquet, tmp_path, rlsd.estimator, 2, lr=1.0), *extra],
                   tmp_path / "run", TIMEOUT_S)

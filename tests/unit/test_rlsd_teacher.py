@@ -130,6 +130,18 @@ def test_the_synced_teacher_and_the_count_survive_save_and_resume(tmp_path):
     assert lost.actor.updates == 0
 
 
+def test_a_resumed_run_of_another_method_builds_no_part_and_saves(tmp_path):
+    """An MRTPO run (verl's own update) resumed from its checkpoint, then saving: no RLSD or SDPO part is built (before,
+    the resume built every part, and RLSD's save then needed a reference model an MRTPO worker does not hold)."""
+    w = fake_worker(small_module(), with_ref=False)
+    w.save_checkpoint(str(tmp_path))
+    resumed = fake_worker(small_module(), with_ref=False)
+    resumed.load_checkpoint(str(tmp_path))
+    resumed.save_checkpoint(str(tmp_path))
+    assert not resumed.__dict__.get("_actor_parts")
+    assert not (tmp_path / RLSD.actor_part.checkpoint_dir).exists()
+
+
 def test_a_worker_without_the_reference_model_is_refused():
     w = fake_worker(small_module(), with_ref=False)
     with pytest.raises(RuntimeError, match="does not hold"):
