@@ -1,5 +1,5 @@
 """Benchmark: tokens the replay forwards per response token on the shipped data, each prompt per sequence vs
-each distinct prompt once, against the limit; and the planning time.
+each forward's distinct prompts as a prefix tree, against the limit; and the planning time.
 
     python benchmarks/bench_shared_prompts.py [--responses 1024] [--n 4] [--budget 24576] [--seed 0] [--mixes ...]
 
@@ -7,10 +7,12 @@ On the shipped mixes (``benchmarks/shipped_mixes.py``: the IF, SQL (Chinook), to
 multi-turn rows the offline builders write, groups of ``--n`` responses, Z_k from each task's verifier, the
 trainer's planner over the real Qwen2 tokenizer), this plans the replay with the packed layout
 (``core.passes.plan_forwards``, every sequence ``prompt | response`` whole, the tokens that exist: before) and
-with shared prompts (``core.shared_prompts.plan_shared_forwards``: after), both within ``--budget`` tokens per
+with shared prompts (``core.shared_prompts.plan_shared_forwards``, a forward's distinct prompts as a prefix tree:
+after), both within ``--budget`` tokens per
 forward (the 7B scripts' ``log_prob_max_token_len_per_gpu``), and prints per mix: tokens forwarded per response
 token before and after, the limit (the batch's distinct prompt-variant tokens plus the response tokens, per
-response token), after / limit, the counts beside them, the mean P_all, what stops a group from sharing
+response token), after / limit, the floor (the batch's distinct prompts as one prefix tree plus the responses:
+what no layout goes below), the counts beside them, the mean P_all, what stops a group from sharing
 one forward (``split``: groups whose distinct prompts and responses exceed the budget, so they are split between
 rows and a prompt repeats in each part), and the planning time per 1,024 responses: the driver's plan
 (``build_replay_plan``: variants built and rendered) and the shared forwards' plan, side by side (one run).
@@ -29,7 +31,7 @@ from typing import Optional
 from benchmarks import shipped_mixes
 from recipe.mrtpo.core.passes import PassSettings, forward_tokens, plan_forwards, response_lengths
 from recipe.mrtpo.core.replay import plan_sequences
-from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, prompt_key, shared_tokens
+from recipe.mrtpo.core.shared_prompts import PromptTree, plan_shared_forwards, prompt_key, shared_tokens
 
 
 def group_split(seqs: list, ids, uid: list, budget: int) -> tuple[int, int]:
@@ -52,13 +54,19 @@ def bench_mix(mix: str, rows: list, tok, args) -> dict:
     batches = plan_shared_forwards(seqs, ids, args.budget, 8)
     shared_s = time.perf_counter() - t0
     after = sum(shared_tokens(b, [prompt_key(ids, s) for s in b]) for b in batches)
-    limit = sum({prompt_key(ids, s): s.prompt_len for s in seqs}.values()) + response
+    distinct = {prompt_key(ids, s): s.prompt_len for s in seqs}
+    limit = sum(distinct.values()) + response
+    tree = PromptTree()
+    tree.add(list(distinct))
+    floor = tree.tokens + response  # the batch's prompts as one prefix tree: no layout forwards fewer
     groups, split = group_split(seqs, ids, [batch["uid"][i] for i in plan.rows], args.budget)
     prompt = float(lens[:, 0].float().mean())  # P_all, the longest variant of a row
     per = 1024 / len(batch["uid"])
     out = {"before": before / response, "after": after / response, "limit": limit / response, "ratio": after / limit,
+           "floor": floor / response,
            "plan_s_per_1024": plan_s * per, "shared_plan_s_per_1024": shared_s * per, "split": split, "groups": groups}
     print(f"{mix:>10} | {out['before']:>6.2f} | {out['after']:>6.2f} | {out['limit']:>6.2f} | {out['ratio']:>7.3f} | "
+          f"{out['floor']:>6.2f} | "
           f"{before:>11,} | {after:>10,} | {limit:>10,} | {response:>9,} | {int(prompt):>6,} | {len(batches):>5} | "
           f"{split:>3}/{groups:<3} | {out['plan_s_per_1024']:>6.3f} | {out['shared_plan_s_per_1024']:>6.3f}")
     return out
@@ -75,15 +83,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
     tok = shipped_mixes.tokenizer()
     print(f"replay of {args.responses} responses (groups of {args.n}) on the shipped data, token budget {args.budget:,} "
           "per forward; per response token:")
-    print(f"{'mix':>10} | {'before':>6} | {'after':>6} | {'limit':>6} | {'after/l':>7} | {'before tok':>11} | "
-          f"{'after tok':>10} | {'limit tok':>10} | {'resp tok':>9} | {'P_all':>6} | {'fwds':>5} | {'split':>7} | "
+    print(f"{'mix':>10} | {'before':>6} | {'after':>6} | {'limit':>6} | {'after/l':>7} | {'floor':>6} | "
+          f"{'before tok':>11} | {'after tok':>10} | {'limit tok':>10} | {'resp tok':>9} | {'P_all':>6} | {'fwds':>5} | {'split':>7} | "
           f"{'plan s':>6} | {'share s':>6}")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mix in args.mixes:
             results[mix] = bench_mix(mix, shipped_mixes.load_rows(mix, Path(tmp)), tok, args)
-    print("(before: every sequence prompt | response, packed; after: each distinct prompt once per forward; limit: every "
-          "distinct prompt variant of the batch once + the response tokens; P_all: its mean length, tokens; "
+    print("(before: every sequence prompt | response, packed; after: each forward's distinct prompts as a prefix tree; "
+          "limit: every distinct prompt variant of the batch once + the response tokens; floor: the batch's distinct "
+          "prompts as one prefix tree + the response tokens; P_all: its mean length, tokens; "
           "split: groups over the budget / groups; plan s: the driver's replay plan, share s: the shared forwards' "
           "plan, both per 1,024 responses)")
     worst = max(r["plan_s_per_1024"] + r["shared_plan_s_per_1024"] for r in results.values())

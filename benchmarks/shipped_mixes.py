@@ -12,7 +12,8 @@ batch; a multi-turn record stops one or two turns early, so BFCL's checker is no
 random (most groups vary: every reward replayed, an upper bound of the work, as ``bench_plan``). The response
 tokens are random ids of lengths drawn uniformly from :data:`RESPONSE_LENGTHS` (a model's answers are not
 shipped). The planner is the trainer's: ``core.replay_plan.build_replay_plan`` over ``CachedRender`` (the
-template's text tokenized piecewise, one cache per batch) with the real Qwen2 tokenizer and a Qwen2.5-style
+template's text tokenized piecewise, one cache per batch, one piece encoder for every tool list, as the
+trainer's ``planner_renders``) with the real Qwen2 tokenizer and a Qwen2.5-style
 ChatML template with its tools block (``bench_multi_turn_lengths.qwen_tokenizer``); multi-turn rows are
 rendered with ``tools=`` their specs, as the agent loop renders them.
 """
@@ -59,13 +60,13 @@ def canned(mix: str, row: dict, j: int):
     return ["A short answer.", ""][j % 2]
 
 
-def _renderer(tok, tools=None):
+def _renderer(tok, tools=None, encoder=None):
     from recipe.mrtpo.core.render_cache import CachedRender
 
     def text(messages):
         return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
 
-    return CachedRender(render_text=text, encode_batch=lambda texts: tok(texts, add_special_tokens=False)["input_ids"])
+    return CachedRender(render_text=text, encoder=encoder)
 
 
 def make_batch(mix: str, rows: list[dict], responses: int, n: int, seed: int) -> dict:
@@ -105,10 +106,12 @@ def make_batch(mix: str, rows: list[dict], responses: int, n: int, seed: int) ->
 def plan(batch: dict, tok):
     """``build_replay_plan`` as the trainer runs it (fresh render caches: one per batch) -> (plan, seconds)."""
     from recipe.mrtpo.agent.bfcl_env import tools_of_row
+    from recipe.mrtpo.core.render_cache import PieceEncoder
     from recipe.mrtpo.core.replay_plan import build_replay_plan
 
     t0 = time.perf_counter()
-    render = _renderer(tok)
+    encoder = PieceEncoder(lambda texts: tok(texts, add_special_tokens=False)["input_ids"])  # one for all tool lists
+    render = _renderer(tok, encoder=encoder)
     by_tools: dict = {}
 
     def row_render(i):
@@ -116,7 +119,7 @@ def plan(batch: dict, tok):
         if key is None:
             return render
         if key not in by_tools:
-            by_tools[key] = _renderer(tok, tools_of_row({"tools": json.loads(key)}))
+            by_tools[key] = _renderer(tok, tools_of_row({"tools": json.loads(key)}), encoder)
         return by_tools[key]
 
     p = build_replay_plan(batch["scores"], batch["uid"], batch["names"], batch["contexts"], batch["messages"],

@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from recipe.mrtpo.core.render_cache import CachedRender
+from recipe.mrtpo.core.render_cache import CachedRender, PieceEncoder
 from recipe.mrtpo.methods.types import get_key  # config.a.b.c or a default (standard library only)
 
 TOOL_AGENT = "tool_agent"
@@ -118,15 +118,16 @@ class RolloutRender:
         return apply_chat_template(tokenizer, messages, tokenize=False, add_generation_prompt=True, tools=tools, **self.kwargs)
 
     def planner_renders(self, tokenizer, tools: Optional[list]):
-        """``(render, row_render, renders)``: the replay planner's CachedRender (its text through verl's
-        chat-template call with the rollout's arguments, its pieces tokenized together), one per distinct tool
-        list: ``render`` without tools, ``row_render`` (sample -> its render; None where ``tools`` is None) and
-        every render made (their ``encoder.mismatches``)."""
+        """``(render, row_render, encoder)``: the replay planner's CachedRender (its text through verl's
+        chat-template call with the rollout's arguments), one per distinct tool list, all tokenizing their pieces
+        through one PieceEncoder (``encoder``: a tool's documentation is tokenized once for every list holding
+        it; its ``mismatches``): ``render`` without tools, ``row_render`` (sample -> its render; None where
+        ``tools`` is None)."""
         renders: dict[str, CachedRender] = {}
+        encoder = PieceEncoder(lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"])
 
         def make(t):
-            return CachedRender(render_text=lambda m: self.render_text(tokenizer, m, t),
-                                encode_batch=lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"])
+            return CachedRender(render_text=lambda m: self.render_text(tokenizer, m, t), encoder=encoder)
 
         def of(t):
             key = tools_key(t)
@@ -136,7 +137,7 @@ class RolloutRender:
 
         render = of(None)
         row_render = (lambda i: of(tools[i])) if tools is not None else None
-        return render, row_render, renders
+        return render, row_render, encoder
 
 
 def _schema_name(schema: dict) -> str:

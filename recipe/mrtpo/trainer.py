@@ -289,7 +289,7 @@ class MRTPOTrainer(PPOTrainerSync):
         return [rr.tools_of(a, x if isinstance(x, dict) else None) for a, x in zip(agents, infos)]
 
     def _planner_renders(self, tools: Optional[list]):
-        """``(render, row_render, renders)`` of the rows' ``tools`` (``RolloutRender.planner_renders``)."""
+        """``(render, row_render, encoder)`` of the rows' ``tools`` (``RolloutRender.planner_renders``)."""
         return self._rollout_render.planner_renders(self.tokenizer, tools)
 
     def _load_checkpoint(self):
@@ -369,7 +369,7 @@ class MRTPOTrainer(PPOTrainerSync):
         # text in one call (the variants of a group share all but a sentence or a block; checked against whole
         # renders)
         # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
-        render, row_render, renders = self._planner_renders(self._row_tools(batch, len(messages)))
+        render, row_render, encoder = self._planner_renders(self._row_tools(batch, len(messages)))
         on_ref = self.method.replay.on_reference(self.mrtpo)
         request = PassRequest(
             self.mrtpo, table, messages, ab.data.batch["responses"], ab.response_mask,
@@ -380,7 +380,7 @@ class MRTPOTrainer(PPOTrainerSync):
             token_budget=token_budget(self.config, reference=on_ref), row_render=row_render,
         )
         result = run_replay(request, ab.uid, fused=fused)
-        result.metrics["mrtpo/plan_piece_mismatches"] = sum(r.encoder.mismatches for r in renders.values())
+        result.metrics["mrtpo/plan_piece_mismatches"] = encoder.mismatches
         result.metrics["mrtpo/replay_fused_old_log_prob"] = int(fused)
         return result
 

@@ -349,3 +349,21 @@ def test_mrtpos_p_all_is_not_framed():
     sv = build_sample_variants(SQL_MSGS, SQL_CTX, ["execution_match"], render)
     want = SQL_MSGS[1]["content"].rstrip() + "\n\n<verifier_information>\n[execution_match]\n SELECT Name FROM Track\n\n</verifier_information>"
     assert sv.variants[0] == render([SQL_MSGS[0], {"role": "user", "content": want}])
+
+
+def test_renders_sharing_an_encoder_tokenize_a_common_piece_once():
+    calls = []
+
+    def encode_batch(texts):
+        calls.append(list(texts))
+        return [[ord(c) for c in t] for t in texts]
+
+    enc = PieceEncoder(encode_batch, verify_every=1000)
+    msgs = [{"role": "user", "content": "q"}]
+    with_tools = [CachedRender(render_text=lambda m, t=t: f"{t}\nshared tool doc\n{m[0]['content']}", encoder=enc)
+                  for t in ("tools A", "tools B")]
+    assert [r(msgs) for r in with_tools] == [[ord(c) for c in f"{t}\nshared tool doc\nq"] for t in ("tools A", "tools B")]
+    pieces = [p for c in calls for p in c]
+    assert pieces.count("shared tool doc\n") == 1 and with_tools[0].encoder is with_tools[1].encoder
+    with pytest.raises(ValueError, match="not both"):
+        CachedRender(render_text=str, encode_batch=encode_batch, encoder=enc)

@@ -11,17 +11,38 @@ from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 SHARED = dict(layout="packed", packed_attention="block_mask", share_prompts=True)
 
 
-def group_batch(groups=(4, 3), NV=3, P=10, T=12, seed=0):
-    """Groups of rows sharing their prompt variants (uneven sizes), responses of uneven lengths with one gap."""
+def cut_variants(base: torch.Tensor, NV: int, P: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """[NV, P] left-padded variants of ``base`` (P_all): variant 1 cuts a span out of the middle (the rest shifts),
+    variant 2 drops a tail (a proper prefix of P_all), further ones cut elsewhere: P_minus_k as the tasks make them."""
+    out = torch.zeros(NV, P, dtype=torch.long)
+    lens = torch.zeros(NV, dtype=torch.long)
+    for v in range(NV):
+        if v == 0:
+            seq = base
+        elif v == 2:
+            seq = base[: P - 3]
+        else:
+            a = int(torch.randint(1, P - 3, (1,), generator=g))
+            seq = torch.cat([base[:a], base[a + 2 :]])
+        out[v, P - len(seq) :], lens[v] = seq, len(seq)
+    return out, lens
+
+
+def group_batch(groups=(4, 3), NV=3, P=10, T=12, seed=0, prefixes=False):
+    """Groups of rows sharing their prompt variants (uneven sizes), responses of uneven lengths with one gap.
+    ``prefixes``: a row's variants cut from its P_all (:func:`cut_variants`, sharing prefixes), else random."""
     g = torch.Generator().manual_seed(seed)
     R = sum(groups)
     ids = torch.zeros(R, NV, P, dtype=torch.long)
     lens = torch.zeros(R, NV, dtype=torch.long)
     r = 0
     for n in groups:
-        gi = torch.randint(0, 150_000, (NV, P), generator=g)
-        gl = torch.randint(3, P + 1, (NV,), generator=g)
-        gl[0] = P
+        if prefixes:
+            gi, gl = cut_variants(torch.randint(0, 150_000, (P,), generator=g), NV, P, g)
+        else:
+            gi = torch.randint(0, 150_000, (NV, P), generator=g)
+            gl = torch.randint(3, P + 1, (NV,), generator=g)
+            gl[0] = P
         ids[r : r + n], lens[r : r + n] = gi, gl
         r += n
     resp = torch.randint(0, 150_000, (R, T), generator=g)
@@ -46,25 +67,43 @@ def test_shared_inputs_hold_the_prompt_once_and_each_response_sees_it_alone():
     assert blocked[0, 1] and blocked[3, 4]  # causal
 
 
-def test_plan_keeps_rows_whole_groups_together_and_bounds_the_shared_length():
-    ids, lens, resp, mask, pair = group_batch()
+def test_variants_share_their_common_prefix_once_each_token_at_its_own_position():
+    # P_all = 101 102 103 104; P_minus_1 = 101 102 104 (a cut: shares 101 102); P_minus_2 = 101 102 103 (a prefix)
+    prompts = torch.tensor([[[101, 102, 103, 104], [0, 101, 102, 104], [0, 101, 102, 103]]])
+    responses = torch.tensor([[201, 202]])
+    mb = row_sequences(0, [0, 1, 2], [4, 3, 3], 2)
+    ids, attn, pos, keep, starts = shared_forward_inputs(mb, prompts, responses)
+    # the tree in lexicographic order: 101 102 103 | 104 (P_all's tail) | 104 (P_minus_1's own tail), responses after each
+    assert ids.tolist() == [[101, 102, 103, 201, 202, 104, 201, 202, 104, 201, 202]]
+    assert pos.tolist() == [[0, 1, 2, 3, 4, 3, 4, 5, 2, 3, 4]]
+    allowed = (attn[0, 0] == 0).int()
+    assert allowed[5].tolist() == [1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0]  # P_all's last token: its prefix, not P_minus_2's answer
+    assert allowed[8].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0]  # P_minus_1's own 104 after the shared 101 102
+    assert allowed[10].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]  # its response: its prompt, itself
+    assert keep.tolist() == [5, 6, 8, 9, 2, 3] and starts == [0, 2, 4]  # each sequence in mb's order
+
+
+@pytest.mark.parametrize("prefixes", [False, True])
+def test_plan_keeps_rows_whole_groups_together_and_bounds_the_shared_length(prefixes):
+    ids, lens, resp, mask, pair = group_batch(prefixes=prefixes)
     from recipe.mrtpo.core.replay import plan_sequences
 
     seqs = plan_sequences(lens, pair, mask.sum(-1))
-    batches = plan_shared_forwards(seqs, ids, token_budget=80, micro_batch_size=8)
+    batches = plan_shared_forwards(seqs, ids, token_budget=50, micro_batch_size=8)
     for b in batches:
         rows = {s.row for s in b}
         assert all(sum(1 for s in b if s.row == r) == sum(1 for s in seqs if s.row == r) for r in rows)  # rows whole
-        distinct = {(int(s.prompt_len), ids[s.row, s.variant, -int(s.prompt_len):].numpy().tobytes()): int(s.prompt_len) for s in b}
-        assert len(rows) == 1 or sum(distinct.values()) + sum(s.resp_len for s in b) <= 80
+        distinct = {tuple(ids[s.row, s.variant, -int(s.prompt_len):].tolist()) for s in b}
+        trie = {p[:j] for p in distinct for j in range(1, len(p) + 1)}
+        assert len(rows) == 1 or len(trie) + sum(s.resp_len for s in b) <= 50
     flat = [s.row for b in batches for s in b]
     groups = [0 if r < 4 else 1 for r in dict.fromkeys(flat)]
     assert groups == sorted(groups) or groups == sorted(groups, reverse=True)  # a group's rows adjacent
 
 
-@pytest.mark.parametrize("budget", [None, 60])
-def test_shared_replay_equals_the_unshared_one_at_the_limit(tiny_lm, budget):
-    ids, lens, resp, mask, pair = group_batch()
+@pytest.mark.parametrize("budget,prefixes", [(None, False), (60, False), (None, True), (45, True)])
+def test_shared_replay_equals_the_unshared_one_at_the_limit(tiny_lm, budget, prefixes):
+    ids, lens, resp, mask, pair = group_batch(prefixes=prefixes)
     fwd = hf_forward(tiny_lm)
     lpv = torch.tensor([0, 2, 0, 1, 0, 0, 0])
     with torch.no_grad():
@@ -75,13 +114,15 @@ def test_shared_replay_equals_the_unshared_one_at_the_limit(tiny_lm, budget):
     for key in ("variant_relevance", "replay_logprobs", "replay_entropy"):
         assert torch.allclose(shared[key], one[key], atol=1e-5), key
     assert int(shared["tokens_forwarded"]) < int(one["tokens_existing"])
-    if budget is None:  # one forward: every distinct prompt variant once plus every response token, the limit
+    if budget is None:  # one forward: every distinct prompt token once plus every response token, the limit
         from recipe.mrtpo.core.passes import response_lengths
         from recipe.mrtpo.core.replay import plan_sequences
 
         seqs = plan_sequences(lens, pair, response_lengths(mask), lpv)
-        prompts = {(int(s.prompt_len), ids[s.row, s.variant, -int(s.prompt_len):].numpy().tobytes()): int(s.prompt_len) for s in seqs}
-        assert int(shared["tokens_forwarded"]) == sum(prompts.values()) + sum(s.resp_len for s in seqs)
+        distinct = {tuple(ids[s.row, s.variant, -int(s.prompt_len):].tolist()) for s in seqs}
+        trie = {p[:j] for p in distinct for j in range(1, len(p) + 1)}  # the prompts' prefixes: a trie's nodes
+        assert int(shared["tokens_forwarded"]) == len(trie) + sum(s.resp_len for s in seqs)
+        assert (len(trie) < sum(map(len, distinct))) == prefixes
 
 
 def test_shared_teacher_topk_equals_each_sequence_alone(tiny_lm):
@@ -124,3 +165,16 @@ def test_share_prompts_travels_on_the_wire_and_is_optional():
     assert wire["share_prompts"] is True and PassSettings.from_wire(wire, "m", "sdpa").share_prompts
     wire.pop("share_prompts")
     assert not PassSettings.from_wire(wire, "m", "sdpa").share_prompts  # an older sender: unshared
+
+
+def test_prompt_tree_counts_every_distinct_prefix_once():
+    from recipe.mrtpo.core.shared_prompts import PromptTree
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):  # a small alphabet: many shared prefixes, prefixes of each other, tokens above a byte
+        seqs = {tuple((torch.randint(0, 3, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g) * 300).tolist())
+                for _ in range(12)}
+        tree = PromptTree()
+        for s in seqs:  # added one by one, as the planner grows a forward
+            tree.add([(len(s), torch.tensor(s, dtype=torch.long).numpy().tobytes())])
+        assert tree.tokens == len({s[:j] for s in seqs for j in range(1, len(s) + 1)})

@@ -116,15 +116,21 @@ class CachedRender:
     With ``render_text`` (messages -> the chat template's text) and ``encode_batch`` (texts -> ids, no
     special tokens added: what ``apply_chat_template(tokenize=True)`` does after rendering), a distinct
     prompt is rendered to text and encoded by a :class:`PieceEncoder` (``self.encoder``) instead of
-    ``render``; :meth:`prepare` then encodes a whole batch's prompts at once.
+    ``render``; :meth:`prepare` then encodes a whole batch's prompts at once. ``encoder`` instead of
+    ``encode_batch``: a PieceEncoder shared with other renders of the same tokenizer (the renders of rows with
+    different tool lists: their tool documentation's pieces are tokenized once for all of them).
     """
 
     def __init__(self, render: Optional[Callable[[list[dict]], Sequence[int]]] = None,
                  render_text: Optional[Callable[[list[dict]], str]] = None,
-                 encode_batch: Optional[EncodeBatch] = None):
-        if (render_text is None) != (encode_batch is None) or (render is None and render_text is None):
-            raise ValueError("CachedRender needs render, or render_text and encode_batch")
-        self.encoder = PieceEncoder(encode_batch) if encode_batch is not None else None
+                 encode_batch: Optional[EncodeBatch] = None, encoder: Optional[PieceEncoder] = None):
+        if encoder is None and encode_batch is not None:
+            encoder = PieceEncoder(encode_batch)
+        elif encode_batch is not None:
+            raise ValueError("CachedRender takes encode_batch or encoder, not both")
+        if (render_text is None) != (encoder is None) or (render is None and render_text is None):
+            raise ValueError("CachedRender needs render, or render_text and encode_batch (or encoder)")
+        self.encoder = encoder
         self._render = render
         self._render_text = render_text
         self._cache: dict[object, tuple[int, ...]] = {}

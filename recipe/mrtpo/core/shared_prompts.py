@@ -1,20 +1,26 @@
 """Shared prompts: a forward holds each distinct prompt once and every response that follows it attends to it.
 
 A group's n responses (``rollout.n``) are replayed, teacher-scored and old-log-prob'ed behind the same prompt
-variants; the ordinary layouts forward ``prompt | response`` whole, the prompt n times. Here a forward is ONE
-row of segments ``prompt | response_1 | response_2 | ...``: a segment per distinct prompt (by its tokens), each
-response positioned as if it directly followed the prompt (position ids ``p .. p + n - 1``), and a 4D block
-mask in which a prompt token attends causally to its segment's prompt and a response token to that prompt
-and to its own earlier tokens, nothing else. Each response token therefore sees exactly the keys, values
-and positions it sees in the unshared forward: the logits agree up to the order of the floating-point
-reductions (fp32: 1e-5, tested against every unshared layout).
+variants, and a row's variants (P_all and each P_minus_k) differ only from the point where Z_k is cut out, so they share a
+long common prefix (a schema, tool documentation, a multi-turn conversation's earlier turns). The ordinary
+layouts forward ``prompt | response`` whole, the prompt n times and every variant's prefix again. Here a forward
+is ONE row holding the forward's distinct prompts as a prefix tree: the prompts in lexicographic order of their
+tokens, each after the first holding only its tokens after the longest prefix it shares with the one before it
+(in that order, the longest it shares with any earlier one), each followed by the responses that follow it.
+Every token keeps the position id it has in its own sequence (a shared prefix token ``0 .. m - 1``, a
+prompt's own tokens after it, a response ``p .. p + n - 1``), and a 4D mask lets a prompt token attend to
+its own prompt's earlier tokens (wherever in the row the shared part lies) and a response token to its whole
+prompt and its own earlier tokens, nothing else. Each response token therefore sees exactly the keys, values
+and positions it sees in the unshared forward (a shared prefix token's keys and values depend only on that
+prefix): the logits agree up to the order of the floating-point reductions (fp32: 1e-5, tested against
+every unshared layout).
 
 The planner keeps every sequence of a row in one forward and orders the kept logits row by row, each row's
 sequences in their order, so the reductions (:func:`recipe.mrtpo.core.passes.run_pass`'s ``consume``) see
 exactly what the packed layout hands them (a row's reference before its variants). Rows that share a prompt
 (a group) form a bundle, bundles longest first; a forward closes before a bundle that would put it over the
-token budget (its shared length, prompts once) or over ``micro_batch_size`` sequences, and only a bundle too
-big for a forward of its own is split, between rows.
+token budget (its shared length: the prefix tree's tokens plus the responses) or over ``micro_batch_size``
+sequences, and only a bundle too big for a forward of its own is split, between rows.
 
 The mask is dense ([L, L]), the exact path of SDPA and eager attention (CPU, tests, small lengths);
 flash-attention's varlen kernel cannot express a prefix shared by several sequences, so under it (and in the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -63,9 +70,10 @@ def shares_prompts(settings) -> bool:
 
 
 def prompt_key(prompts: torch.Tensor, s) -> tuple[int, bytes]:
-    """The identity of sequence ``s``'s prompt: its length and its tokens (``prompts`` [R, NV, P] left-padded)."""
+    """The identity of sequence ``s``'s prompt: its length and its tokens as int64 bytes (``prompts`` [R, NV, P]
+    left-padded, any integer dtype)."""
     P = prompts.shape[-1]
-    return int(s.prompt_len), prompts[s.row, s.variant, P - s.prompt_len :].numpy().tobytes()
+    return int(s.prompt_len), prompts[s.row, s.variant, P - s.prompt_len :].long().numpy().tobytes()
 
 
 def _rows(seqs: list) -> list[list]:
@@ -100,32 +108,74 @@ def _bundled(seqs: list, prompts: torch.Tensor) -> list[list[tuple[list, list]]]
     return [[(rows[r], keys[r]) for r in bundles[b]] for b in sorted(bundles, key=lambda b: -longest[b])]
 
 
-def shared_tokens(mb: list, keys: list) -> int:
-    """Tokens a shared forward of ``mb`` holds: each distinct prompt once, every response."""
-    seen: dict = {}
-    for s, k in zip(mb, keys):
-        seen[k] = int(s.prompt_len)
-    return sum(seen.values()) + sum(int(s.resp_len) for s in mb)
+def _lcp(a: bytes, b: bytes) -> int:
+    """Tokens two prompts' token bytes (int64 each, :func:`prompt_key`) have in common from the start."""
+    x, y = np.frombuffer(a, dtype=np.int64), np.frombuffer(b, dtype=np.int64)
+    m = min(x.size, y.size)
+    d = np.flatnonzero(x[:m] != y[:m])
+    return int(d[0]) if d.size else m
+
+
+class PromptTree:
+    """The distinct prompts of a forward as a prefix tree (module docstring): its ``tokens`` are the prompts'
+    tokens with every shared prefix counted once, ``sum(p) - sum(lcp of neighbours)`` over the prompts in
+    lexicographic order (by their int64 bytes: a lexicographic order of the token sequences, a prefix first).
+    ``lcp`` caches the common prefixes of pairs (shared by the trees of one plan)."""
+
+    def __init__(self, lcp: Optional[dict] = None):
+        self.keys: list[tuple[int, bytes]] = []
+        self.tokens = 0
+        self._lcp = {} if lcp is None else lcp
+
+    def lcp(self, a: tuple[int, bytes], b: tuple[int, bytes]) -> int:
+        pair = (a[1], b[1])
+        got = self._lcp.get(pair)
+        if got is None:
+            got = self._lcp[pair] = _lcp(a[1], b[1])
+        return got
+
+    def size_of(self, keys: list[tuple[int, bytes]]) -> int:
+        """Tokens of the tree of ``keys`` (distinct, in order)."""
+        return sum(k[0] for k in keys) - sum(self.lcp(a, b) for a, b in zip(keys, keys[1:]))
+
+    def with_keys(self, new) -> tuple[list, int]:
+        """(ordered keys, tokens) were ``new`` added (repeats and keys already held change nothing)."""
+        held = set(self.keys)
+        fresh = [k for k in dict.fromkeys(new) if k not in held]
+        if not fresh:
+            return self.keys, self.tokens
+        keys = sorted(self.keys + fresh, key=lambda k: k[1])
+        return keys, self.size_of(keys)
+
+    def add(self, new) -> None:
+        self.keys, self.tokens = self.with_keys(new)
+
+
+def shared_tokens(mb: list, keys: list, lcp: Optional[dict] = None) -> int:
+    """Tokens a shared forward of ``mb`` holds: its distinct prompts' prefix tree (:class:`PromptTree`), every
+    response."""
+    tree = PromptTree(lcp)
+    tree.add(keys)
+    return tree.tokens + sum(int(s.resp_len) for s in mb)
 
 
 class _Forward:
-    """The forward being filled: its sequences, its distinct prompts' lengths, its response tokens."""
+    """The forward being filled: its sequences, its prompts' tree, its response tokens."""
 
-    def __init__(self):
+    def __init__(self, lcp: dict):
         self.seqs: list = []
-        self.prompts: dict = {}
+        self.tree = PromptTree(lcp)
         self.resp = 0
 
     def grown(self, rows: list[tuple[list, list]]) -> tuple[int, int]:
         """(shared length, sequences) were ``rows`` added."""
-        new = {k: int(s.prompt_len) for row, ks in rows for s, k in zip(row, ks) if k not in self.prompts}
+        _, prompts = self.tree.with_keys([k for _, ks in rows for k in ks])
         n = sum(len(row) for row, _ in rows)
-        return (sum(self.prompts.values()) + sum(new.values()) + self.resp + sum(int(s.resp_len) for row, _ in rows for s in row),
-                len(self.seqs) + n)
+        return prompts + self.resp + sum(int(s.resp_len) for row, _ in rows for s in row), len(self.seqs) + n
 
     def add(self, row: list, keys: list) -> None:
         self.seqs += row
-        self.prompts.update((k, int(s.prompt_len)) for s, k in zip(row, keys))
+        self.tree.add(keys)
         self.resp += sum(int(s.resp_len) for s in row)
 
 
@@ -139,15 +189,16 @@ def plan_shared_forwards(seqs: list, prompts: torch.Tensor, token_budget: Option
         return tokens > token_budget if token_budget else n > micro_batch_size
 
     batches: list[list] = []
-    cur = _Forward()
+    lcp: dict = {}
+    cur = _Forward(lcp)
     for bundle in _bundled(seqs, prompts):
         if cur.seqs and over(cur, bundle):  # the bundle starts a forward rather than splitting its prompts
             batches.append(cur.seqs)
-            cur = _Forward()
+            cur = _Forward(lcp)
         for row, keys in bundle:
             if cur.seqs and over(cur, [(row, keys)]):
                 batches.append(cur.seqs)
-                cur = _Forward()
+                cur = _Forward(lcp)
             cur.add(row, keys)
     if cur.seqs:
         batches.append(cur.seqs)
@@ -160,33 +211,37 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
     position before each of its response tokens (a prompt's last position repeats for each response after it);
     ``starts[i]``: where sequence i's logits begin in the kept ones."""
     P = prompts.shape[-1]
+    tree = PromptTree()
     keys = [prompt_key(prompts, s) for s in mb]
-    segs: dict = {}  # key -> [prompt sequence, its sequences' indices]
+    members: dict = {}  # key -> (a sequence with that prompt, the indices of its sequences)
     for i, (s, k) in enumerate(zip(mb, keys)):
-        segs.setdefault(k, [s, []])[1].append(i)
-    L = shared_tokens(mb, keys)
+        members.setdefault(k, (s, []))[1].append(i)
+    tree.add(keys)
+    L = tree.tokens + sum(int(s.resp_len) for s in mb)
     ids = torch.full((1, L), int(pad_id), dtype=torch.long)
     pos = torch.zeros((1, L), dtype=torch.long)
-    seg = torch.empty(L, dtype=torch.long)
-    own = torch.full((L,), -1, dtype=torch.long)  # the response a token belongs to; -1: a prompt token
+    allowed = torch.zeros(L, L, dtype=torch.bool)
     last_prompt = [0] * len(mb)
     resp_at = [0] * len(mb)
-    o = 0
-    for g, (head, members) in enumerate(segs.values()):
+    o, prev_key, prev_path = 0, None, torch.zeros(0, dtype=torch.long)
+    for k in tree.keys:
+        head, seqs = members[k]
         p = int(head.prompt_len)
-        ids[0, o : o + p] = prompts[head.row, head.variant, P - p :]
-        pos[0, o : o + p] = torch.arange(p)
-        seg[o : o + p] = g
-        prompt_end = o + p - 1
-        o += p
-        for i in members:
+        m = tree.lcp(prev_key, k) if prev_key is not None else 0  # < p: the keys are distinct and ordered
+        path = torch.cat([prev_path[:m], torch.arange(o, o + p - m)])  # where this prompt's tokens lie in the row
+        ids[0, o : o + p - m] = prompts[head.row, head.variant, P - p + m :]
+        pos[0, o : o + p - m] = torch.arange(m, p)
+        allowed[o : o + p - m][:, path] = torch.ones(p, p, dtype=torch.bool).tril()[m:]  # its own prompt, causally
+        o += p - m
+        for i in seqs:
             n = int(mb[i].resp_len)
             ids[0, o : o + n] = responses[mb[i].row, :n]
             pos[0, o : o + n] = torch.arange(p, p + n)
-            seg[o : o + n] = g
-            own[o : o + n] = i
-            last_prompt[i], resp_at[i] = prompt_end, o
+            allowed[o : o + n][:, path] = True
+            allowed[o : o + n, o : o + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            last_prompt[i], resp_at[i] = int(path[-1]), o
             o += n
+        prev_key, prev_path = k, path
     keep, starts, n_kept = [], [], 0
     for i, s in enumerate(mb):
         n = int(s.resp_len)
@@ -195,8 +250,6 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
             keep.append(torch.arange(resp_at[i], resp_at[i] + n - 1))
         starts.append(n_kept)
         n_kept += n
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
-    allowed = causal & (seg.unsqueeze(0) == seg.unsqueeze(1)) & ((own.unsqueeze(0) == -1) | (own.unsqueeze(0) == own.unsqueeze(1)))
     attn = torch.zeros(1, 1, L, L).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     keep_t = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.long)
     return ids, attn, pos, keep_t, starts
