@@ -9,8 +9,10 @@ rows adjacent as verl hands them over. :func:`bench_prompt_heavy` times :func:`r
 on it twice with the pass engine's own ``share_prompts`` off and on (the layout the model table gives Qwen2 under
 the run's attention), and prints the counts beside the times: forwards, tokens forwarded, tokens forwarded per
 response token, and the limit (the batch's distinct prompt-variant tokens once + the response tokens of every
-forwarded sequence). Shared prompts need SDPA / eager attention (a dense block mask); under flash_attention_2
-the engine would fall back to the unshared layout, so the shared timing is skipped with the engine's reason.
+forwarded sequence). Shared prompts need SDPA / eager attention (a dense block mask): under flash_attention_2 the
+shared run switches the model's attention to SDPA for the pass, as the worker does (``core.shared_prompts
+.pass_attention`` / ``attention_switched``), so the comparison is the unshared packed varlen pass against the
+shared SDPA one, what a GPU run gets.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from recipe.mrtpo.core.passes import PassSettings, resolve_layout, response_lengths
 from recipe.mrtpo.core.replay import hf_forward, plan_sequences, replay_relevance
-from recipe.mrtpo.core.shared_prompts import prompt_key, share_fallback_reason
+from recipe.mrtpo.core.shared_prompts import attention_switched, pass_attention, prompt_key, share_fallback_reason
 
 
 def expand_groups(heads, n: int, response_lens: tuple[int, int], vocab: int, g: torch.Generator):
@@ -53,7 +55,7 @@ def bench_prompt_heavy(model, inputs, args, timer: Callable, note: str) -> dict:
     responses come from. Returns ``{"off": ..., "on": ...}`` (``on`` absent where skipped), each with the
     time, the peak memory and the replay's output."""
     var, lens, responses, mask, pair = inputs
-    layout, packed_attention = resolve_layout("auto", args.attn, "qwen2")
+    layout, _ = resolve_layout("auto", args.attn, "qwen2")
     fwd = hf_forward(model)
     groups = var.shape[0] // args.group_n
     print(f"prompt-heavy mix: {groups} groups x {args.group_n} responses sharing their prompt variants, prompts "
@@ -63,15 +65,17 @@ def bench_prompt_heavy(model, inputs, args, timer: Callable, note: str) -> dict:
     limit, response = replay_limit(var, lens, mask, pair)
     out: dict = {}
     for share in (False, True):
-        settings = PassSettings(temperature=1.0, micro_batch_size=args.variants, token_budget=args.token_budget, layout=layout,
-                                packed_attention=packed_attention, share_prompts=share)
+        attn = pass_attention(share, args.attn, "qwen2")  # the worker's choice: SDPA for a shared pass on flash-attention
+        run_layout, packed_attention = resolve_layout("auto", attn, "qwen2")
+        settings = PassSettings(temperature=1.0, micro_batch_size=args.variants, token_budget=args.token_budget,
+                                layout=run_layout, packed_attention=packed_attention, share_prompts=share)
         why = share_fallback_reason(settings)
         if why is not None:  # the engine would run it unshared: no shared figure to take
-            print(f"{'on':>5} | skipped: {why}; the shared prompts need SDPA (rerun with --attn sdpa)")
+            print(f"{'on':>5} | skipped: {why}")
             continue
 
-        def replay(settings=settings):
-            with torch.no_grad():
+        def replay(settings=settings, attn=attn):
+            with torch.no_grad(), attention_switched(model, attn):
                 return replay_relevance(fwd, var, lens, responses, mask, pair, settings=settings, device=args.device,
                                         compiled_js=args.compile_js)
 

@@ -41,8 +41,8 @@ a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) 
 
 ``--mix`` (default ``both``): ``if`` is the above; ``prompt-heavy`` (``benchmarks/gpu_prompt_heavy.py``) groups
 of ``--group-n`` responses sharing their prompt variants (prompts 1-4k tokens, responses 64-512), the replay
-timed with the pass engine's ``share_prompts`` off and on (on needs SDPA: under flash_attention_2 its timing is
-skipped with the reason), the counts (forwards, tokens forwarded, the limit) beside the times, ending
+timed with the pass engine's ``share_prompts`` off and on (on runs under SDPA: on a flash_attention_2 model the
+attention is switched for that pass, as the worker does), the counts (forwards, tokens forwarded, the limit) beside the times, ending
 ``gpu prompt-heavy: replay shared / unshared = X in time, ...`` (printed before the IF mix's last line).
 ``--sample-responses`` (``benchmarks/gpu_sampling.py``): the responses of both mixes, and so the fused check and
 its floor, sampled from the model itself (seeded, ``--sample-temperature``, 0 greedy) instead of random ids; the

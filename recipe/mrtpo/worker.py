@@ -27,8 +27,10 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from recipe.mrtpo.core.model_support import module_config
 from recipe.mrtpo.core.passes import PassSettings, hf_forward
 from recipe.mrtpo.core.replay import replay_relevance
+from recipe.mrtpo.core.shared_prompts import attention_switched, pass_attention
 from recipe.mrtpo.methods.actor_part import ActorPart, rank_file
 from recipe.mrtpo.methods.opsd.actor import opsd_teacher_rows
 from recipe.mrtpo.methods.sdpo.actor import TEACHER_DIR, sdpo_rows
@@ -59,23 +61,15 @@ def pass_device() -> torch.device:
     return torch.device(name, get_device_id())
 
 
-def _hf_config(module):
-    for m in (module, getattr(module, "_fsdp_wrapped_module", None), getattr(module, "module", None)):
-        cfg = getattr(m, "config", None)
-        if cfg is not None:
-            return cfg
-    return None
-
-
 def attn_implementation(module) -> str:
     """The module's attention implementation (``config._attn_implementation``; "" when it has none)."""
-    cfg = _hf_config(module)
+    cfg = module_config(module)
     return str(getattr(cfg, "_attn_implementation", "") or "") if cfg is not None else ""
 
 
 def model_type(module) -> str:
     """The module's ``config.model_type`` ("" when it has none): the row of the model table it takes."""
-    cfg = _hf_config(module)
+    cfg = module_config(module)
     return str(getattr(cfg, "model_type", "") or "") if cfg is not None else ""
 
 
@@ -84,7 +78,7 @@ def check_pass_model(module, what: str) -> None:
     launch check (``main_mrtpo.check_launch``) refuses it before Ray, this is the worker's own guard."""
     from recipe.mrtpo.core.model_support import config_facts, refusal
 
-    cfg = _hf_config(module)
+    cfg = module_config(module)
     if cfg is None:
         return
     msg = refusal(**config_facts(cfg), what=what)
@@ -215,7 +209,8 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """``rows_fn(forward, data, device, sync, attn, **model)`` through an FSDP engine's module (the actor's
         unless ``engine`` is given) in eval mode, without gradients, each forward under verl's autocast
         (:func:`engine_autocast`), the reductions rounded as verl's (:func:`verl_numerics`), the layout by the
-        model table (the shared body of the passes above)."""
+        model table (the shared body of the passes above). A pass sharing prompts on a flash-attention module runs
+        under SDPA, the module's attention switched for the pass only (``core.shared_prompts.pass_attention``)."""
         engine = self.actor.engine if engine is None else engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
@@ -224,8 +219,11 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             module = engine.module
             check_pass_model(module, what)
             device = pass_device()
-            return rows_fn(autocast_forward(hf_forward(module), engine), data, device, sync_max, attn_implementation(module),
-                           model_type=model_type(module), **verl_numerics(engine, device))
+            mtype = model_type(module)
+            attn = pass_attention(bool(tu.get(data, key="share_prompts") or False), attn_implementation(module), mtype)
+            with attention_switched(module, attn):
+                return rows_fn(autocast_forward(hf_forward(module), engine), data, device, sync_max, attn,
+                               model_type=mtype, **verl_numerics(engine, device))
 
     # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))

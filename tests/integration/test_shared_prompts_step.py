@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import pytest
 import torch
 from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
@@ -140,23 +139,44 @@ def test_opsd_teacher_topk_with_shared_prompts_equals_the_unshared_one(monkeypat
     assert m_on["mrtpo/opsd/teacher_unshared_fallback"] == 0
 
 
-def test_share_prompts_falls_back_under_flash_attention_counted_and_logged(monkeypatch, tiny, caplog):  # noqa: F811
-    """The same step with the module reporting flash_attention_2 (what verl loads on a GPU): the passes run
-    unshared (the block mask needs SDPA / eager), one warning says so, and the metric counts the rank."""
+def test_share_prompts_on_flash_attention_runs_the_passes_under_sdpa(monkeypatch, tiny, caplog):  # noqa: F811
+    """The same step with the module reporting flash_attention_2 (what verl loads on a GPU): the shared passes
+    switch the module's attention to SDPA for the pass (one warning says so), share their prompts (no fallback
+    counted), equal the unshared step, and leave the module's attention as it was."""
     import recipe.mrtpo.core.shared_prompts as sp
     import recipe.mrtpo.worker as worker_mod
 
     monkeypatch.setattr(sp, "_FALLBACK_LOGGED", set())
-    monkeypatch.setattr(worker_mod, "attn_implementation", lambda module: "flash_attention_2")
-    # flash-attention's varlen forward is GPU-only: the model table then packs, here run under the exact block mask
-    import recipe.mrtpo.core.passes as passes
+    model = tiny[1]
+    own = model.config._attn_implementation
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")  # restored after the test
+    monkeypatch.setattr(worker_mod, "attn_implementation", lambda module: module.config._attn_implementation)
+    seen_attn = []
+    real_forward = type(model).forward
 
-    real = passes.forward_inputs
-    monkeypatch.setattr(passes, "forward_inputs", lambda mb, p, r, s: real(mb, p, r, __import__("dataclasses").replace(
-        s, packed_attention="block_mask")))
+    def spy(self, *a, **k):
+        seen_attn.append(self.config._attn_implementation)
+        if self.config._attn_implementation == "flash_attention_2":  # verl's old_log_prob / update: run it as before
+            self.config._attn_implementation = own
+            try:
+                return real_forward(self, *a, **k)
+            finally:
+                self.config._attn_implementation = "flash_attention_2"
+        return real_forward(self, *a, **k)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    overrides = ("mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=0")
     with caplog.at_level("WARNING", logger="recipe.mrtpo.core.shared_prompts"):
-        on, m_on, _ = run_steps(monkeypatch, tiny, True, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.fused_check_every=0")
+        on, m_on, w_on = run_steps(monkeypatch, tiny, True, *overrides)
+    assert model.config._attn_implementation == "flash_attention_2"  # restored after the passes
+    assert "sdpa" in seen_attn
     lines = [r.getMessage() for r in caplog.records if "share_prompts" in r.getMessage()]
-    assert len(lines) == 1 and "flash" in lines[0] and "unshared" in lines[0]
-    assert m_on["mrtpo/replay_unshared_fallback"] == 1
-    assert m_on["mrtpo/replay_tokens_over_existing"] == pytest.approx(1.0)  # packed, every prompt once per response
+    assert len(lines) == 1 and "flash_attention_2" in lines[0] and "sdpa" in lines[0]
+    assert m_on["mrtpo/replay_unshared_fallback"] == 0
+    assert m_on["mrtpo/replay_tokens_over_existing"] < 0.8  # shared: fewer tokens than the sequences hold
+    monkeypatch.setattr(type(model), "forward", real_forward)
+    monkeypatch.setattr(model.config, "_attn_implementation", own)
+    off, _, w_off = run_steps(monkeypatch, tiny, False, *overrides)
+    for key in ("variant_relevance", "replay_logprobs", "replay_entropy"):
+        assert torch.allclose(w_on[0][key], w_off[0][key], atol=1e-5), key
+    assert torch.allclose(values(on["old_log_probs"]), values(off["old_log_probs"]), atol=1e-5)

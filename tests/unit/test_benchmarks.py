@@ -284,10 +284,10 @@ def test_gpu_replay_prompt_heavy_mix_counts_shared_below_unshared_on_sampled_res
     assert float(last.group(3)) == pytest.approx(fwds["on"] / fwds["off"], abs=0.006)
 
 
-def test_gpu_replay_prompt_heavy_skips_the_shared_timing_under_flash_attention(capsys):
-    """Under flash_attention_2 the engine cannot share prompts: the unshared replay is timed, the shared one is
-    skipped with the engine's reason and the SDPA hint, and the last line says so (no flash-attn needed: only
-    the layout decision reads the attention's name; the tiny model runs SDPA)."""
+def test_gpu_replay_prompt_heavy_times_the_shared_pass_under_sdpa_on_flash_attention(capsys):
+    """Under flash_attention_2 the unshared replay runs packed (varlen) and the shared one under SDPA, the model's
+    attention switched for it as the worker does, and restored (no flash-attn needed: only the layout decision
+    reads the attention's name; the tiny model runs SDPA on CPU either way)."""
     import argparse
 
     import torch
@@ -299,19 +299,32 @@ def test_gpu_replay_prompt_heavy_skips_the_shared_timing_under_flash_attention(c
     inputs = expand_groups(make_rows([1, 1], (24, 32), 3, 1000, g, True), 2, (4, 8), 1000, g)
     args = argparse.Namespace(attn="flash_attention_2", device="cpu", variants=3, token_budget=None, compile_js=False,
                               group_n=2, heavy_prompt_len=[24, 32], heavy_response_len=[4, 8])
-    calls = []
+    model = _tiny_qwen2()
+    model.config._attn_implementation = "flash_attention_2"  # what the GPU run loads; the forwards below see SDPA
+    seen = []
+    real = type(model).forward
+
+    def spy(self, *a, **k):
+        seen.append(self.config._attn_implementation)
+        self.config._attn_implementation, own = "sdpa", self.config._attn_implementation
+        try:
+            return real(self, *a, **k)
+        finally:
+            self.config._attn_implementation = own
 
     def timer(fn):
-        calls.append(fn)
         return 1.0, float("nan"), fn()
 
-    res = bench_prompt_heavy(_tiny_qwen2(), inputs, args, timer, "random ids")
+    import unittest.mock
+
+    with unittest.mock.patch.object(type(model), "forward", spy):
+        res = bench_prompt_heavy(model, inputs, args, timer, "random ids")
     out = capsys.readouterr().out.splitlines()
-    assert set(res) == {"off"} and len(calls) == 1
-    assert "layout packed (flash_attention_2)" in out[0]
-    skip = next(line for line in out if line.lstrip().startswith("on |"))
-    assert "skipped: the model's attention is varlen" in skip and "rerun with --attn sdpa" in skip
-    assert out[-1] == "gpu prompt-heavy: shared timing skipped (flash_attention_2); unshared replay 1000.0ms"
+    assert set(res) == {"off", "on"} and "layout packed (flash_attention_2)" in out[0]
+    assert set(seen) == {"flash_attention_2", "sdpa"}  # unshared on the module's own, shared under SDPA
+    assert model.config._attn_implementation == "flash_attention_2"  # restored
+    assert int(res["on"]["rep"]["tokens_forwarded"]) < int(res["off"]["rep"]["tokens_forwarded"])
+    assert out[-1].startswith("gpu prompt-heavy: replay shared / unshared = ")
 
 
 def test_bench_noise_floor_prints_the_floor_beside_a_real_variants_q(capsys):

@@ -62,7 +62,8 @@ def test_shared_inputs_hold_the_prompt_once_and_each_response_sees_it_alone():
     assert ids.tolist() == [[101, 102, 103, 201, 202, 203, 301, 302]]
     assert pos.tolist() == [[0, 1, 2, 3, 4, 5, 3, 4]]  # each response positioned right after the prompt
     assert keep.tolist() == [2, 3, 4, 2, 6] and starts == [0, 3]  # the prompt's last position, once per response
-    blocked = attn[0, 0] < 0
+    assert attn.dtype == torch.bool and attn.shape == (1, 1, 8, 8)
+    blocked = ~attn[0, 0]
     assert not blocked[6, :3].any() and blocked[6, 3:6].all() and not blocked[7, 6]  # the prompt, not the other response
     assert blocked[0, 1] and blocked[3, 4]  # causal
 
@@ -76,7 +77,7 @@ def test_variants_share_their_common_prefix_once_each_token_at_its_own_position(
     # the tree in lexicographic order: 101 102 103 | 104 (P_all's tail) | 104 (P_minus_1's own tail), responses after each
     assert ids.tolist() == [[101, 102, 103, 201, 202, 104, 201, 202, 104, 201, 202]]
     assert pos.tolist() == [[0, 1, 2, 3, 4, 3, 4, 5, 2, 3, 4]]
-    allowed = (attn[0, 0] == 0).int()
+    allowed = attn[0, 0].int()
     assert allowed[5].tolist() == [1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0]  # P_all's last token: its prefix, not P_minus_2's answer
     assert allowed[8].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0]  # P_minus_1's own 104 after the shared 101 102
     assert allowed[10].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]  # its response: its prompt, itself
@@ -178,3 +179,57 @@ def test_prompt_tree_counts_every_distinct_prefix_once():
         for s in seqs:  # added one by one, as the planner grows a forward
             tree.add([(len(s), torch.tensor(s, dtype=torch.long).numpy().tobytes())])
         assert tree.tokens == len({s[:j] for s in seqs for j in range(1, len(s) + 1)})
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_the_boolean_tree_mask_is_exact_under_eager_and_sdpa(tiny_lm, attn):
+    """The shared forward's mask goes to SDPA as it is and to eager as an additive mask (``hf_forward``): both
+    equal each sequence alone in fp32."""
+    import copy
+
+    from recipe.mrtpo.core.passes import PassSettings as S
+    from recipe.mrtpo.core.passes import response_lengths
+    from recipe.mrtpo.core.replay import plan_sequences
+
+    model = copy.deepcopy(tiny_lm)
+    model.config._attn_implementation = attn
+    ids, lens, resp, mask, pair = group_batch(prefixes=True, seed=2)
+    seqs = plan_sequences(lens, pair, response_lengths(mask))
+    fwd = hf_forward(model)
+    got: dict = {}
+
+    def consume(rows, logits, single):
+        for j, s in enumerate(rows):
+            got[(s.row, s.variant)] = logits[j].clone()
+
+    from recipe.mrtpo.core.passes import run_pass
+
+    with torch.no_grad():
+        run_pass(fwd, ids, resp, seqs, S(micro_batch_size=64, **SHARED), consume)
+        for (r, v), lg in got.items():
+            p, n = int(lens[r, v]), int(response_lengths(mask)[r])
+            seq = torch.cat([ids[r, v, -p:], resp[r, :n]])[None]
+            want = torch.log_softmax(model(input_ids=seq).logits[0, p - 1 : p + n - 1], -1)
+            lp = torch.log_softmax(lg, -1)
+            assert torch.allclose(lp, want, atol=1e-5), (attn, r, v, float((lp - want).abs().max()))
+    assert len(got) == len(seqs)
+
+
+def test_a_shared_pass_on_flash_attention_runs_under_sdpa_and_restores_it():
+    from types import SimpleNamespace
+
+    from recipe.mrtpo.core.shared_prompts import attention_switched, pass_attention
+
+    assert pass_attention(True, "flash_attention_2", "qwen2") == "sdpa"
+    assert pass_attention(True, "flash_attention_3", None) == "sdpa"  # an unknown dense type too
+    assert pass_attention(False, "flash_attention_2", "qwen2") == "flash_attention_2"  # unshared: packed varlen
+    assert pass_attention(True, "flash_attention_2", "qwen3_next") == "flash_attention_2"  # one sequence a forward
+    assert pass_attention(True, "eager", "qwen2") == "eager"
+    module = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with attention_switched(module, "sdpa"):
+        assert module.config._attn_implementation == "sdpa"
+    assert module.config._attn_implementation == "flash_attention_2"
+    with pytest.raises(RuntimeError, match="boom"):
+        with attention_switched(module, "sdpa"):
+            raise RuntimeError("boom")
+    assert module.config._attn_implementation == "flash_attention_2"  # restored after an error too

@@ -109,3 +109,12 @@ def config_facts(hf_config) -> dict:
     recurrent = looks_recurrent(get) or (text is not None and looks_recurrent(getter(text)))
     return {"model_type": str(get("model_type", "") or ""), "has_vision": get("vision_config", None) is not None,
             "recurrent": recurrent}
+
+
+def module_config(module):
+    """The Hugging Face config of a module (FSDP2's in-place wrapper, an FSDP1 / DDP wrapper's inner module), or None."""
+    for m in (module, getattr(module, "_fsdp_wrapped_module", None), getattr(module, "module", None)):
+        cfg = getattr(m, "config", None)
+        if cfg is not None:
+            return cfg
+    return None

@@ -58,7 +58,7 @@ from typing import Any, Optional, Union
 import torch
 
 from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
-from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs, shares_prompts
+from recipe.mrtpo.core.shared_prompts import mask_as_taken, plan_shared_forwards, shared_forward_inputs, shares_prompts
 
 
 class LogitsShapeError(RuntimeError):
@@ -122,7 +122,7 @@ def check_logits(logits: torch.Tensor, ids: torch.Tensor, keep) -> None:
         )
 
 
-# forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive | None, position_ids [b, L],
+# forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive or bool (True: attends) | None, position_ids [b, L],
 #         keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
 ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[int, torch.Tensor]], torch.Tensor]
 
@@ -135,13 +135,12 @@ REDUCTION_DTYPES = ("float32", "bfloat16", "float16")
 def hf_forward(module) -> ForwardFn:
     """A :data:`ForwardFn` over a Hugging Face causal LM (also an FSDP-wrapped one).
 
-    A 4D additive mask is cast to the module's floating dtype (what SDPA and eager add to the scores).
+    A 4D mask goes in as the module's attention takes it (:func:`~recipe.mrtpo.core.shared_prompts.mask_as_taken`).
     """
 
     def fwd(input_ids, attention_mask, position_ids, keep):
         if attention_mask is not None and attention_mask.dim() == 4:
-            dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-            attention_mask = attention_mask.to(dtype)
+            attention_mask = mask_as_taken(module, attention_mask)
         out = module(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -419,7 +418,7 @@ def run_pass(
     if counts.n_forwards_global < counts.n_forwards:
         raise RuntimeError(f"forward-count agreement returned {counts.n_forwards_global} < this rank's {counts.n_forwards}")
     for mb in batches:
-        ids, attn, pos, keep, starts = (shared_forward_inputs(mb, prompts, responses, settings.pad_id) if shared
+        ids, attn, pos, keep, starts = (shared_forward_inputs(mb, prompts, responses, settings.pad_id, device) if shared
                                         else forward_inputs(mb, prompts, responses, settings))
         counts.tokens_forwarded += ids.numel()
         counts.tokens_existing += sum(s.length for s in mb)

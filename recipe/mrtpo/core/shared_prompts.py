@@ -22,31 +22,85 @@ exactly what the packed layout hands them (a row's reference before its variants
 token budget (its shared length: the prefix tree's tokens plus the responses) or over ``micro_batch_size``
 sequences, and only a bundle too big for a forward of its own is split, between rows.
 
-The mask is dense ([L, L]), the exact path of SDPA and eager attention (CPU, tests, small lengths);
-flash-attention's varlen kernel cannot express a prefix shared by several sequences, so under it (and in the
-``single`` layout of recurrent model types) the engine keeps the unshared layouts: :func:`shares_prompts`
-decides, and logs that fallback once per process; the worker counts it per pass (docs/design.md §5.3).
-Pure torch; reads sequences and settings by their fields (``row``, ``variant``, ``prompt_len``,
-``resp_len``; ``share_prompts``, ``packed_attention``, ``layout``) so that :mod:`recipe.mrtpo.core.passes`
-may import it.
+The mask is dense ([L, L], boolean, built on the forward's device), the exact path of SDPA and eager attention.
+flash-attention's varlen kernel cannot express a prefix shared by several sequences, so a pass that shares
+prompts on a module loaded with flash-attention (verl's default, the GPU scripts') runs its forwards under SDPA
+instead: :func:`pass_attention` names the attention a pass runs under, and :func:`attention_switched` sets the
+module's attention implementation for the pass and restores it after (the update's forwards keep
+flash-attention). Only where the model type runs one sequence per forward (``single``: recurrent layers), or a
+caller runs a pass under a varlen attention itself, does the engine keep the unshared layouts:
+:func:`shares_prompts` decides, and logs that fallback once per process; the worker counts it per pass
+(docs/design.md §5.3). Pure torch; reads sequences and settings by their fields (``row``, ``variant``,
+``prompt_len``, ``resp_len``; ``share_prompts``, ``packed_attention``, ``layout``) so that
+:mod:`recipe.mrtpo.core.passes` may import it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
 import torch
 
+from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, module_config, table_entry
+
 logger = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set = set()
+#: the attention a shared pass runs under where the module's is flash-attention (module docstring)
+SHARED_ATTENTION = "sdpa"
+
+
+def pass_attention(share_prompts: bool, attn_implementation: Optional[str], model_type: Optional[str] = None) -> str:
+    """The attention implementation a no-grad pass runs under: the module's own, except that a pass sharing
+    prompts on a flash-attention module (:data:`~recipe.mrtpo.core.model_support.VARLEN_ATTENTIONS`) whose type
+    the model table does not run one sequence per forward takes :data:`SHARED_ATTENTION` (its block mask)."""
+    attn = str(attn_implementation or "")
+    if share_prompts and attn in VARLEN_ATTENTIONS and table_entry(model_type) != "single":
+        return SHARED_ATTENTION
+    return attn
+
+
+@contextmanager
+def attention_switched(module, attn_implementation: str) -> Iterator[None]:
+    """Run the block under ``attn_implementation`` (transformers reads ``config._attn_implementation`` at every
+    forward, and its setter carries it to the sub-configs), restoring the module's own after, also on an error.
+    A module already under it, or without a config, is left alone."""
+    cfg = module_config(module)
+    own = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
+    if cfg is None or not attn_implementation or own == attn_implementation:
+        yield
+        return
+    if ("switch", own) not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(("switch", own))
+        logger.warning("mrtpo.share_prompts: the model's attention is %s, which cannot share a prompt between sequences; "
+                       "the shared passes run under %s (a block mask), the update under %s", own, attn_implementation, own)
+    cfg._attn_implementation = attn_implementation
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = own
+
+
+def mask_as_taken(module, mask: torch.Tensor) -> torch.Tensor:
+    """A 4D mask (boolean, True: attends; or additive) as the module's attention takes it, read at each call (a
+    shared pass switches it, :func:`attention_switched`): boolean to SDPA, additive in the module's floating
+    dtype to the others (eager adds it to the scores)."""
+    if mask.dtype == torch.bool and getattr(module_config(module), "_attn_implementation", None) == "sdpa":
+        return mask
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    return mask.to(dtype)
 
 
 def share_fallback_reason(settings) -> Optional[str]:
-    """Why a pass asked to share prompts (``settings.share_prompts``) forwards them unshared, or None: the
-    block mask needs SDPA / eager attention (``packed_attention == "block_mask"``), and a recurrent model type
-    runs one sequence per forward (``layout == "single"``)."""
+    """Why a pass asked to share prompts (``settings.share_prompts``) forwards them unshared, or None: a recurrent
+    model type runs one sequence per forward (``layout == "single"``), and the block mask needs SDPA / eager
+    attention (``packed_attention == "block_mask"``; the worker switches a flash-attention module to SDPA for a
+    shared pass, :func:`pass_attention`, so this is a caller running a pass under flash-attention itself)."""
     if not settings.share_prompts:
         return None
     if settings.packed_attention != "block_mask":
@@ -205,9 +259,11 @@ def plan_shared_forwards(seqs: list, prompts: torch.Tensor, token_budget: Option
     return batches
 
 
-def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tensor, pad_id: int = 0):
-    """``(input_ids [1, L], attention_mask [1, 1, L, L] additive fp32, position_ids [1, L], keep [N], starts)`` of
-    one shared forward, on CPU (module docstring). ``keep`` lists, sequence by sequence in ``mb``'s order, the
+def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tensor, pad_id: int = 0,
+                          device: torch.device | str = "cpu"):
+    """``(input_ids [1, L], attention_mask [1, 1, L, L] bool (True: attends), position_ids [1, L], keep [N], starts)``
+    of one shared forward (module docstring); the mask built on ``device`` (L x L bytes: the forward's own device
+    rather than a copy from the host), the rest on CPU. ``keep`` lists, sequence by sequence in ``mb``'s order, the
     position before each of its response tokens (a prompt's last position repeats for each response after it);
     ``starts[i]``: where sequence i's logits begin in the kept ones."""
     P = prompts.shape[-1]
@@ -220,26 +276,27 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
     L = tree.tokens + sum(int(s.resp_len) for s in mb)
     ids = torch.full((1, L), int(pad_id), dtype=torch.long)
     pos = torch.zeros((1, L), dtype=torch.long)
-    allowed = torch.zeros(L, L, dtype=torch.bool)
+    allowed = torch.zeros(L, L, dtype=torch.bool, device=device)
     last_prompt = [0] * len(mb)
     resp_at = [0] * len(mb)
-    o, prev_key, prev_path = 0, None, torch.zeros(0, dtype=torch.long)
+    o, prev_key, prev_path = 0, None, torch.zeros(0, dtype=torch.long, device=device)
     for k in tree.keys:
         head, seqs = members[k]
         p = int(head.prompt_len)
         m = tree.lcp(prev_key, k) if prev_key is not None else 0  # < p: the keys are distinct and ordered
-        path = torch.cat([prev_path[:m], torch.arange(o, o + p - m)])  # where this prompt's tokens lie in the row
+        path = torch.cat([prev_path[:m], torch.arange(o, o + p - m, device=device)])  # where its tokens lie in the row
         ids[0, o : o + p - m] = prompts[head.row, head.variant, P - p + m :]
         pos[0, o : o + p - m] = torch.arange(m, p)
-        allowed[o : o + p - m][:, path] = torch.ones(p, p, dtype=torch.bool).tril()[m:]  # its own prompt, causally
+        allowed[o : o + p - m][:, path] = torch.ones(p, p, dtype=torch.bool, device=device).tril()[m:]  # its prompt, causally
         o += p - m
+        end = o - 1  # the prompt's last token is its own (m < p)
         for i in seqs:
             n = int(mb[i].resp_len)
             ids[0, o : o + n] = responses[mb[i].row, :n]
             pos[0, o : o + n] = torch.arange(p, p + n)
             allowed[o : o + n][:, path] = True
-            allowed[o : o + n, o : o + n] = torch.ones(n, n, dtype=torch.bool).tril()
-            last_prompt[i], resp_at[i] = int(path[-1]), o
+            allowed[o : o + n, o : o + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            last_prompt[i], resp_at[i] = end, o
             o += n
         prev_key, prev_path = k, path
     keep, starts, n_kept = [], [], 0
@@ -250,6 +307,5 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
             keep.append(torch.arange(resp_at[i], resp_at[i] + n - 1))
         starts.append(n_kept)
         n_kept += n
-    attn = torch.zeros(1, 1, L, L).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     keep_t = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.long)
-    return ids, attn, pos, keep_t, starts
+    return ids, allowed[None, None], pos, keep_t, starts
