@@ -94,7 +94,9 @@ def test_mrtpo_two_actor_ranks_uneven_replay(tiny_task_qwen2_dir, if_train_parqu
         fmax, fmin, pad = m["mrtpo/replay_forwards_max"], m["mrtpo/replay_forwards_min"], m["mrtpo/replay_padding_forwards"]
         assert pad == fmax - fmin  # two ranks: the short one pads up to the long one
         tmax, tmin = m["mrtpo/replay_tokens_max"], m["mrtpo/replay_tokens_min"]
-        assert 0 < tmin <= tmax and m["mrtpo/replay_tokens_over_existing"] >= 1.0
+        # shared prompts: a row's variants share their prefix (the template's header at least), so the replay
+        # forwards fewer tokens than its sequences hold, also where a group is split over the ranks
+        assert 0 < tmin <= tmax and 0 < m["mrtpo/replay_tokens_over_existing"] < 1.0
         uneven.append((fmin, fmax, tmin, tmax))
     print(f"\n[e2e 2 ranks] wall {res.wall_s:.0f}s, first step at {res.first_step_at_s:.0f}s, peak PSS {res.peak_pss_gib:.1f} GiB "
           f"(RSS {res.peak_rss_gib:.1f}), per-rank replay forwards and tokens (min, max, min, max) by step {uneven}, "
