@@ -103,8 +103,27 @@ def make_batch(mix: str, rows: list[dict], responses: int, n: int, seed: int) ->
             "messages": messages, "responses": resp, "mask": mask, "tools": tools}
 
 
+def rollout_prompts(batch: dict, tok) -> list[list[int]]:
+    """Each sample's rollout prompt ids, as lists (as the trainer reads verl's ``prompts``): its messages through
+    the template with its tools, rendered once per group."""
+    from recipe.mrtpo.agent.bfcl_env import tools_of_row
+
+    by_group: dict = {}
+    out = []
+    for i, msgs in enumerate(batch["messages"]):
+        g = batch["uid"][i]
+        if g not in by_group:
+            key = batch["tools"][i]
+            tools = tools_of_row({"tools": json.loads(key)}) if key is not None else None
+            text = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False)
+            by_group[g] = tok(text, add_special_tokens=False)["input_ids"]
+        out.append(list(by_group[g]))
+    return out
+
+
 def plan(batch: dict, tok):
-    """``build_replay_plan`` as the trainer runs it (fresh render caches: one per batch) -> (plan, seconds)."""
+    """``build_replay_plan`` as the trainer runs it (fresh render caches: one per batch; each row's rollout
+    prompt matched to its variants where ``batch`` holds ``rollout_prompts``) -> (plan, seconds)."""
     from recipe.mrtpo.agent.bfcl_env import tools_of_row
     from recipe.mrtpo.core.render_cache import PieceEncoder
     from recipe.mrtpo.core.replay_plan import build_replay_plan
@@ -123,7 +142,8 @@ def plan(batch: dict, tok):
         return by_tools[key]
 
     p = build_replay_plan(batch["scores"], batch["uid"], batch["names"], batch["contexts"], batch["messages"],
-                          batch["responses"], batch["mask"], render, row_render=row_render)
+                          batch["responses"], batch["mask"], render, row_render=row_render,
+                          rollout_prompts=batch.get("rollout_prompts"))
     return p, time.perf_counter() - t0
 
 

@@ -126,7 +126,7 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
     from benchmarks import bench_shared_prompts
 
     for budget in (131_072, 8_192):
-        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget)])
+        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget), "--repeats", "1"])
         out = capsys.readouterr().out.splitlines()
         rows = {r[0]: r for r in (_cells(line) for line in out) if r and r[0] in ("if", "sql", "tool", "multi_turn")}
         assert set(rows) == set(res) == {"if", "sql", "tool", "multi_turn"}
@@ -140,7 +140,10 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
                 assert after < before and r["split"] == 0, name
                 assert name == "if" or after < limit, name  # a row's variants share their prefix (a schema, tools, turns)
         assert budget == 131_072 or res["multi_turn"]["split"] == res["multi_turn"]["groups"] == 16
-        assert re.fullmatch(r"shared prompts: after / limit <= \d+\.\d{3} on every mix; planning <= \d+\.\d{3} s per 1,024 responses", out[-1])
+        # the rollout prompts are rendered as the planner renders: IF's prompt-placed Z make P_all the rollout
+        # prompt; a tool-calling row whose only appended Z is removed replays its rollout prompt
+        assert res["if"]["rollout_matched"] == 1.0 and res["tool"]["rollout_matched"] > 0
+        assert re.fullmatch(r"shared prompts: after / limit <= \d+\.\d{3} on every mix; planning <= \d+\.\d{3} s per 1,024 responses \(best of 1; median \d+\.\d{3}\)", out[-1])
 
 
 BLOCK_HEAVY_IMPORTS = """
@@ -191,7 +194,7 @@ def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only
                         r"the rows reversed\): mean (\S+), p99 \S+, max \S+; ok: threshold 2 x floor \+ fp32 tolerance = (\S+)$",
                         text, re.M)
         assert chk and float(chk.group(3)) < 1e-4, text
-        assert float(chk.group(5)) == pytest.approx(2 * float(chk.group(4)) + 1e-4), text  # the trainer's rule
+        assert float(chk.group(5)) == pytest.approx(2 * float(chk.group(4)) + 1e-4, rel=5e-3), text  # the trainer's rule (3 digits)
     floor = re.search(r"noise floor of q over 16 positions .* floor / q = (\d+\.\d+);", text)
     assert floor and float(floor.group(1)) < 1e-3, text  # fp32: no floor to speak of
     m = re.fullmatch(r"gpu mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])

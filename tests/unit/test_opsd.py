@@ -99,7 +99,7 @@ def test_teacher_topk_equals_a_direct_forward_of_p_all(tiny):
     tok, model = tiny
     render = render_fn(tok)
     rollout = render(MSGS)
-    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["format"], render).variants[0]
+    p_all = build_sample_variants(MSGS, CTX_APPENDED, ["format"], render).variants[0].tolist()
     assert p_all != rollout and "ORDER BY Milliseconds" in tok.decode(p_all)
     g = torch.Generator().manual_seed(0)
     T, k = 6, 4
@@ -169,7 +169,7 @@ def test_verl_loss_zero_on_identical_prompts_and_decreasing_when_they_differ(tin
     render = render_fn(tok)
     model = copy.deepcopy(model0)
     rollout = render(MSGS)
-    teacher_prompt = build_sample_variants(MSGS, CTX_APPENDED if privileged else CTX_PROMPT, ["format"], render).variants[0]
+    teacher_prompt = build_sample_variants(MSGS, CTX_APPENDED if privileged else CTX_PROMPT, ["format"], render).variants[0].tolist()
     assert (teacher_prompt != rollout) is privileged
     g = torch.Generator().manual_seed(3)
     responses = [torch.randint(0, 151_000, (n,), generator=g) for n in (5, 7)]
@@ -224,7 +224,7 @@ def test_teacher_prompts_frame_the_privileged_information_with_fallbacks(tiny):
     messages = [MSGS, MSGS, MSGS, None, MSGS]
     prompts, reasons = teacher_prompts(contexts, messages, [rollout] * 5, render, None)
     assert prompts[0] == render(FRAMED)
-    assert prompts[0] != build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0]
+    assert prompts[0] != build_sample_variants(MSGS, CTX_APPENDED, ["execution_match"], render).variants[0].tolist()
     assert prompts[1] == rollout and reasons[:2] == [None, None]
     assert prompts[2] == rollout and reasons[2] == "no_contexts"
     assert prompts[3] == rollout and reasons[3] == "no_messages"

@@ -1,5 +1,6 @@
 """P_all / P_minus_k construction (docs/design.md §2) and its fallbacks."""
 
+import numpy as np
 import pytest
 
 from recipe.mrtpo.core.prompt_variants import (
@@ -32,6 +33,11 @@ def render(msgs):
 
 def text_of(ids):
     return "".join(chr(i) for i in ids)
+
+
+def _lists(sv):
+    """A sample's variants (int32 arrays) as lists, to compare two plans."""
+    return [v.tolist() for v in sv.variants]
 
 
 def test_remove_from_messages_exact_and_clean():
@@ -194,10 +200,12 @@ def test_cached_render_renders_each_distinct_prompt_once():
     plans = [build_sample_variants(MSGS, CTX, list(CTX), cached) for _ in range(4)]  # a group of four samples
     assert len(calls) == 3 and cached.calls == 12 and cached.hits == 9  # P_all and two P_minus_k, once each
     direct = build_sample_variants(MSGS, CTX, list(CTX), render)
-    assert all(p.variants == direct.variants and p.pair_variant == direct.pair_variant for p in plans)
+    assert all(_lists(p) == _lists(direct) and p.pair_variant == direct.pair_variant for p in plans)
     ids = cached(MSGS)
-    ids.append(-1)  # callers get their own list
-    assert cached(MSGS) == render(MSGS)
+    assert ids.dtype == np.int32 and ids is cached(MSGS)  # the cached array itself, no copy a call
+    with pytest.raises(ValueError, match="read-only"):
+        ids[0] = -1  # no caller can change what the others get
+    assert cached(MSGS).tolist() == render(MSGS)
 
 
 def test_piece_encoder_equals_whole_prompts_on_the_qwen2_template_and_falls_back_when_not(tmp_path):
@@ -219,13 +227,13 @@ def test_piece_encoder_equals_whole_prompts_on_the_qwen2_template_and_falls_back
     cached = CachedRender(render_text=text, encode_batch=encode)
     plain = build_sample_variants(msgs, ctx, sorted(ctx), whole)
     pieces = build_sample_variants(msgs, ctx, sorted(ctx), cached)
-    assert pieces.variants == plain.variants and len(plain.variants) == 4
+    assert _lists(pieces) == _lists(plain) and len(plain.variants) == 4
     enc = cached.encoder
     assert enc.mismatches == 0 and not enc.whole and enc.piece_hits > 0  # shared pieces tokenized once
     # a tokenizer that would merge across the boundary is caught at the first check, counted, and avoided
     joined = {"a\n": [1], "b": [2], "a\nb": [3]}
     bad = PieceEncoder(lambda texts: [joined.get(t, [9]) for t in texts], verify_every=10)
-    assert bad("a\nb") == [3] and bad.mismatches == 1 and bad.whole and bad("a\nb") == [3]
+    assert bad("a\nb").tolist() == [3] and bad.mismatches == 1 and bad.whole and bad("a\nb").tolist() == [3]
     with pytest.raises(ValueError, match="render_text and encode_batch"):
         CachedRender(render_text=text)
 
@@ -247,17 +255,17 @@ def test_piece_encoder_batches_the_unseen_pieces_of_a_call_and_checks_whole_text
     enc = PieceEncoder(encode_batch, verify_every=2)
     texts = ["sys\nschema\nq1", "sys\nschema\nq2", "sys\nschema\nq1", "other"]
     out = enc.encode_many(texts)
-    assert out == [[ord(c) for c in t] for t in texts]
+    assert [o.tolist() for o in out] == [[ord(c) for c in t] for t in texts]
     # one call for the distinct unseen pieces, one for the whole texts checked (the 1st and 3rd)
     assert calls == [["sys\n", "schema\n", "q1", "q2", "other"], ["sys\nschema\nq1", "sys\nschema\nq1"]]
     assert enc.batches == 2 and enc.pieces == 10 and enc.piece_hits == 5 and enc.mismatches == 0
     # its pieces all seen: no tokenizer call for pieces, only the whole-text check of the 5th text
-    assert enc("sys\nq2") == [ord(c) for c in "sys\nq2"] and calls[2:] == [["sys\nq2"]] and enc.piece_hits == 7
+    assert enc("sys\nq2").tolist() == [ord(c) for c in "sys\nq2"] and calls[2:] == [["sys\nq2"]] and enc.piece_hits == 7
     # a mismatch in a batch: every text of that batch comes back whole, and later calls stay whole
     joined = {"a\n": [1], "b": [2], "a\nb": [3], "c": [4]}
     bad = PieceEncoder(lambda ts: [joined.get(t, [9]) for t in ts], verify_every=1)
-    assert bad.encode_many(["a\nb", "c"]) == [[3], [4]] and bad.whole and bad.mismatches == 1
-    assert bad.encode_many(["a\nb"]) == [[3]]
+    assert [o.tolist() for o in bad.encode_many(["a\nb", "c"])] == [[3], [4]] and bad.whole and bad.mismatches == 1
+    assert [o.tolist() for o in bad.encode_many(["a\nb"])] == [[3]]
     with pytest.raises(ValueError, match="2 results for 1 texts"):
         PieceEncoder(lambda ts: [[1], [2]]).encode_many(["x"])
 
@@ -277,13 +285,13 @@ def test_cached_render_prepare_encodes_a_batch_at_once_and_keys_by_the_whole_mes
     named = [{"role": "user", "content": "a", "name": "n"}]  # an extra key: another prompt, not a hit
     cached.prepare([a, a, named])
     assert cached.encoder.batches == 2 and cached.calls == 0  # the pieces, then the first text checked whole
-    assert cached(a) == [ord(c) for c in text(a)] and cached(named) == [ord(c) for c in text(named)]
+    assert cached(a).tolist() == [ord(c) for c in text(a)] and cached(named).tolist() == [ord(c) for c in text(named)]
     assert cached.hits == 2 and cached.encoder.batches == 2  # nothing left to tokenize
     cached.prepare([a])
     assert cached.encoder.batches == 2
     plain = CachedRender(render=lambda m: [len(m)])
     plain.prepare([a])  # a whole-prompt renderer has nothing to batch: it renders on demand
-    assert plain.calls == 0 and plain(a) == [1] and plain.hits == 0
+    assert plain.calls == 0 and plain(a).tolist() == [1] and plain.hits == 0
 
 
 # ----------------------------------------------------------------------- the self-teachers' teacher prompt
@@ -326,7 +334,7 @@ def test_a_teacher_template_of_ones_own_and_its_checks():
     assert out[1]["content"] == "{hint} SELECT Name FROM Track | List the tracks. Reply with one query."
     # the replay's unframed P_all through the knob: the bare verifier block after the user turn
     bare = "{prompt}\n\n<verifier_information>\n[execution_match]\n{information}\n</verifier_information>"
-    replay = build_sample_variants(SQL_MSGS, SQL_CTX, ["format"], render).variants[0]
+    replay = build_sample_variants(SQL_MSGS, SQL_CTX, ["format"], render).variants[0].tolist()
     assert render(teacher_messages(SQL_MSGS, SQL_CTX, bare)) == render(
         append_to_last_user(SQL_MSGS, verifier_block([("execution_match", "SELECT Name FROM Track")])))
     assert replay != render(teacher_messages(SQL_MSGS, SQL_CTX))  # the default framing is not the replay's P_all
@@ -348,7 +356,7 @@ def test_mrtpos_p_all_is_not_framed():
     """The template applies to the self-teachers only: the replay's P_all keeps the bare verifier block."""
     sv = build_sample_variants(SQL_MSGS, SQL_CTX, ["execution_match"], render)
     want = SQL_MSGS[1]["content"].rstrip() + "\n\n<verifier_information>\n[execution_match]\n SELECT Name FROM Track\n\n</verifier_information>"
-    assert sv.variants[0] == render([SQL_MSGS[0], {"role": "user", "content": want}])
+    assert sv.variants[0].tolist() == render([SQL_MSGS[0], {"role": "user", "content": want}])
 
 
 def test_renders_sharing_an_encoder_tokenize_a_common_piece_once():
@@ -362,7 +370,7 @@ def test_renders_sharing_an_encoder_tokenize_a_common_piece_once():
     msgs = [{"role": "user", "content": "q"}]
     with_tools = [CachedRender(render_text=lambda m, t=t: f"{t}\nshared tool doc\n{m[0]['content']}", encoder=enc)
                   for t in ("tools A", "tools B")]
-    assert [r(msgs) for r in with_tools] == [[ord(c) for c in f"{t}\nshared tool doc\nq"] for t in ("tools A", "tools B")]
+    assert [r(msgs).tolist() for r in with_tools] == [[ord(c) for c in f"{t}\nshared tool doc\nq"] for t in ("tools A", "tools B")]
     pieces = [p for c in calls for p in c]
     assert pieces.count("shared tool doc\n") == 1 and with_tools[0].encoder is with_tools[1].encoder
     with pytest.raises(ValueError, match="not both"):

@@ -100,7 +100,7 @@ def test_replay_matches_plain_forward_and_js(tiny):
     # row 1's P_minus_gold is the rollout prompt (its only Z is appended): its log-probs can be asked for
     # instead of P_all's (the consistency check against old_log_probs on tool-calling-like rows)
     v = plan_b.pair_variant["gold"]
-    assert plan_b.variants[v] == list(render(msgs))
+    assert plan_b.variants[v].tolist() == list(render(msgs))
     with torch.no_grad():
         outv = replay_relevance(hf_forward(model), ids, lens, responses, mask, pair, temperature=0.9, micro_batch_size=2,
                                 logprob_variant=torch.tensor([0, v]))

@@ -41,6 +41,31 @@ def test_rule_fallbacks_and_packing():
     assert m["mrtpo/pairs_replayed"] == 2 and m["mrtpo/fallback/not_found"] == 2 and m["mrtpo/variants_replayed"] == 4
 
 
+def test_packing_pads_every_slot_once_whatever_the_render_returns():
+    """Each slot of the packed ids [R, NV, P] is its variant left-padded with ``pad_id``, a row's unused slots all
+    padding; a render returning a list, an int64 array or the cache's read-only int32 arrays packs the same."""
+    from recipe.mrtpo.core.render_cache import CachedRender
+
+    msgs = [{"role": "user", "content": "Say hi. No commas."}]
+    two = {"a": {"text": "No commas.", "placement": "prompt"}, "b": {"text": "Say hi.", "placement": "prompt"}}
+    one = {"a": two["a"]}
+    scores = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, NAN], [0.0, NAN]])
+    index = np.array(["g1", "g1", "g2", "g2"], dtype=object)
+    responses, mask = torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long)
+    args = (scores, index, ["a", "b"], [two, two, one, one], [msgs] * 4, responses, mask)
+    renders = [render, lambda m: np.asarray(render(m), dtype=np.int64), CachedRender(render)]
+    plans = [build_replay_plan(*args, r, pad_id=7) for r in renders]
+    ids, lens = plans[0].inputs["variant_ids"], plans[0].inputs["variant_lens"]
+    assert ids.dtype == torch.int32 and ids.shape[:2] == (4, 3) and lens[2:, 2].tolist() == [0, 0]
+    for r in range(4):
+        for j in range(3):
+            n = int(lens[r, j])
+            assert (ids[r, j, : ids.shape[2] - n] == 7).all()
+    assert ids[0, 0, -lens[0, 0]:].tolist() == render(msgs)
+    for p in plans[1:]:
+        assert all(torch.equal(p.inputs[k], plans[0].inputs[k]) for k in plans[0].inputs)
+
+
 def test_pad_rows_and_empty():
     inputs = {"pair_variant": torch.tensor([[1, -1]]), "variant_ids": torch.ones(1, 2, 3, dtype=torch.long)}
     out, n = pad_rows(inputs, 4)

@@ -89,7 +89,7 @@ def test_p_all_is_the_rollout_prompt_in_both_renders_of_a_tool_dataset(tok):
         assert MRTPOTrainer._render(stub, MSGS, t) == want[i], i  # the whole render
     render, row_render, encoder = MRTPOTrainer._planner_renders(stub, tools)
     for i in range(len(rows)):
-        assert row_render(i)(MSGS) == want[i], i  # the planner's text + pieces
+        assert row_render(i)(MSGS).tolist() == want[i], i  # the planner's text + pieces
     assert encoder.mismatches == 0
     # the planner: a prompt-placed context varies, and each row's rollout prompt is its P_all (variant 0)
     ctx = {"lower": {"text": "Use lowercase only.", "placement": "prompt"}}

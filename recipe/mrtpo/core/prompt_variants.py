@@ -1,5 +1,5 @@
 """Prompt variants for the replay: P_all and P_minus_k from a sample's messages and contexts Z_k
-(docs/design.md §2). Pure Python; tokenisation is a callable passed in.
+(docs/design.md §2). Python and numpy; tokenisation is a callable passed in.
 
 - ``placement="prompt"``: Z_k is a verbatim substring of the system or user turns (never searched in
   assistant or tool turns). P_minus_k removes every occurrence, each removal collapsing the separators
@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
+
+import numpy as np
 
 BLOCK_OPEN = "<verifier_information>"
 BLOCK_CLOSE = "</verifier_information>"
@@ -222,10 +224,12 @@ class SampleVariants:
     """The replay plan of one sample: unique prompt token ids and, per reward, which variant is P_minus_k.
 
     ``variants[0]`` is P_all. ``pair_variant[k]`` is the index of P_minus_k in ``variants`` for replayed
-    rewards; rewards that are not replayed are absent. ``fallbacks`` maps reward -> reason.
+    rewards; rewards that are not replayed are absent. ``fallbacks`` maps reward -> reason. A variant is a
+    1-D int32 array (:func:`as_ids`): the planner copies it into the packed input without a list conversion
+    (a BFCL multi-turn batch holds tens of millions of prompt tokens), and its bytes key the deduplication.
     """
 
-    variants: list[list[int]] = field(default_factory=list)
+    variants: list[np.ndarray] = field(default_factory=list)
     pair_variant: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
     deduplicated: int = 0  # P_minus_k variants identical to another variant (not replayed twice)
@@ -292,6 +296,16 @@ def variant_messages(
     return out
 
 
+def as_ids(ids: Sequence[int]) -> np.ndarray:
+    """Prompt token ids as a 1-D int32 array (every vocabulary fits; the packed input is int32): a render's
+    array as it is (:class:`~recipe.mrtpo.core.render_cache.CachedRender` returns one, read-only), a list
+    converted."""
+    out = np.asarray(ids, dtype=np.int32)
+    if out.ndim != 1:
+        raise ValueError(f"prompt ids must be one sequence of ints, got shape {out.shape}")
+    return out
+
+
 def render_variants(
     vm: VariantMessages,
     render: Callable[[list[dict]], list[int]],
@@ -303,8 +317,8 @@ def render_variants(
         return plan
     wanted = [k for rewards, _, _ in vm.minus for k in rewards]
 
-    def render_ok(msgs: list[dict]) -> Optional[list[int]]:
-        ids = list(render(msgs))
+    def render_ok(msgs: list[dict]) -> Optional[np.ndarray]:
+        ids = as_ids(render(msgs))
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             return None
         return ids
@@ -315,7 +329,7 @@ def render_variants(
         plan.repeated = {}
         return plan
     plan.variants.append(p_all)
-    index = {tuple(p_all): 0}
+    index = {p_all.tobytes(): 0}
     for rewards, msgs, reason in vm.minus:
         ids = render_ok(msgs) if msgs is not None else None
         if msgs is not None and ids is None:
@@ -324,7 +338,7 @@ def render_variants(
             for k in rewards:
                 plan.fallbacks[k] = reason or "not_found"
             continue
-        key = tuple(ids)
+        key = ids.tobytes()
         if key in index:
             plan.deduplicated += 1
         else:
@@ -364,8 +378,12 @@ def rollout_prompt_variant(variants: Sequence[Sequence[int]], rollout_prompt: Se
     The replay's log-probs under that variant are verl's ``old_log_probs`` up to numerics (the consistency
     metric). Variants are distinct (deduplicated), so at most one matches.
     """
-    target = list(rollout_prompt)
-    for j, v in enumerate(variants):
-        if len(v) == len(target) and list(v) == target:
+    n = len(rollout_prompt)
+    same_length = [j for j, v in enumerate(variants) if len(v) == n]
+    if not same_length:  # the common case: converted only when a variant could match
+        return -1
+    target = as_ids(rollout_prompt)
+    for j in same_length:
+        if np.array_equal(variants[j], target):
             return j
     return -1

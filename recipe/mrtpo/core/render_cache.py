@@ -1,5 +1,5 @@
 """Rendering the replay's prompt variants to token ids, each distinct prompt and each distinct piece once
-(docs/design.md §2). Pure Python; the chat template and the tokenizer are callables passed in.
+(docs/design.md §2). Python and numpy; the chat template and the tokenizer are callables passed in.
 
 The samples of a group share their prompt, and most of their variants; the variants of a group differ in a
 sentence or an appended block and share the rest (a schema, tool documentation). :class:`CachedRender`
@@ -7,7 +7,8 @@ renders each distinct message list once; given the template's text and the token
 each distinct line-led piece of the rendered text once (:class:`PieceEncoder`). Its ``prepare`` takes the
 whole batch's message lists before the planner asks for any, so that the unseen pieces go to the
 tokenizer in one batched call (one Python wrapper call, the fast tokenizer's threads) instead of one call
-a piece.
+a piece. Ids are read-only int32 arrays: a piece's ids are concatenated without a Python int per token, and
+the planner copies a prompt into its packed input as one block.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +43,17 @@ def split_pieces(text: str) -> list[str]:
     return out
 
 
+def _frozen(ids: Sequence[int]) -> np.ndarray:
+    """Ids as a read-only 1-D int32 array (a cache hands out the same array to every caller)."""
+    out = np.array(ids, dtype=np.int32).reshape(-1)
+    out.flags.writeable = False
+    return out
+
+
 class PieceEncoder:
     """``encode_batch`` (texts -> ids each) over the texts' pieces (:data:`PIECE_BOUNDARY`), each distinct
-    piece tokenized once, the unseen pieces of a call in one batched call.
+    piece tokenized once, the unseen pieces of a call in one batched call; ids come back as read-only int32
+    arrays.
 
     The result must equal ``encode_batch([text])[0]``; that holds for the byte-level BPE tokenizers of the
     run scripts, and is checked: the first text and every ``verify_every``-th after it are also encoded
@@ -53,24 +64,24 @@ class PieceEncoder:
 
     def __init__(self, encode_batch: EncodeBatch, verify_every: int = 64):
         self._encode_batch = encode_batch
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache: dict[str, np.ndarray] = {}
         self.verify_every = max(1, int(verify_every))
         self.texts = self.pieces = self.piece_hits = self.mismatches = self.batches = 0
         self.whole = False
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
         if not texts:
             return []
         self.batches += 1
-        out = [list(ids) for ids in self._encode_batch(texts)]
+        out = [_frozen(ids) for ids in self._encode_batch(texts)]
         if len(out) != len(texts):
             raise ValueError(f"encode_batch returned {len(out)} results for {len(texts)} texts")
         return out
 
-    def __call__(self, text: str) -> list[int]:
+    def __call__(self, text: str) -> np.ndarray:
         return self.encode_many([text])[0]
 
-    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
         texts = list(texts)
         first = self.texts
         self.texts += len(texts)
@@ -79,18 +90,13 @@ class PieceEncoder:
         split = [split_pieces(t) for t in texts]
         unseen = list(dict.fromkeys(p for pieces in split for p in pieces if p not in self._cache))
         for piece, ids in zip(unseen, self._encode(unseen)):
-            self._cache[piece] = tuple(ids)
-        out: list[list[int]] = []
-        for pieces in split:
-            ids: list[int] = []
-            for piece in pieces:
-                ids.extend(self._cache[piece])
-            out.append(ids)
+            self._cache[piece] = ids
+        out = [_frozen(np.concatenate([self._cache[p] for p in pieces])) for pieces in split]
         self.pieces += sum(map(len, split))
         self.piece_hits += sum(map(len, split)) - len(unseen)
         checked = [i for i in range(len(texts)) if (first + i) % self.verify_every == 0]
         for i, full in zip(checked, self._encode([texts[i] for i in checked])):
-            if full != out[i]:
+            if not np.array_equal(full, out[i]):
                 self.mismatches += 1
                 self.whole = True
                 logger.warning("PieceEncoder: pieces tokenized apart differ from the whole text; encoding whole texts from now on")
@@ -133,7 +139,7 @@ class CachedRender:
         self.encoder = encoder
         self._render = render
         self._render_text = render_text
-        self._cache: dict[object, tuple[int, ...]] = {}
+        self._cache: dict[object, np.ndarray] = {}
         self.calls = 0
         self.hits = 0
 
@@ -148,9 +154,10 @@ class CachedRender:
                 todo.setdefault(key, messages)
         texts = [self._render_text(m) for m in todo.values()]
         for key, ids in zip(todo, self.encoder.encode_many(texts)):
-            self._cache[key] = tuple(ids)
+            self._cache[key] = ids
 
-    def __call__(self, messages: list[dict]) -> list[int]:
+    def __call__(self, messages: list[dict]) -> np.ndarray:
+        """The prompt's ids, a read-only int32 array (the cached one: ``.tolist()`` for a list)."""
         self.calls += 1
         key = _key(messages)
         ids = self._cache.get(key)
@@ -158,8 +165,8 @@ class CachedRender:
             if self.encoder is not None:
                 ids = self.encoder(self._render_text(messages))
             else:
-                ids = self._render(messages)
-            ids = self._cache[key] = tuple(ids)
+                ids = _frozen(self._render(messages))
+            self._cache[key] = ids
         else:
             self.hits += 1
-        return list(ids)
+        return ids
