@@ -211,7 +211,10 @@ def test_the_boolean_tree_mask_is_exact_under_eager_and_sdpa(tiny_lm, attn):
             seq = torch.cat([ids[r, v, -p:], resp[r, :n]])[None]
             want = torch.log_softmax(model(input_ids=seq).logits[0, p - 1 : p + n - 1], -1)
             lp = torch.log_softmax(lg, -1)
-            assert torch.allclose(lp, want, atol=1e-5), (attn, r, v, float((lp - want).abs().max()))
+            # the whole vocabulary's log-probs reach -60 under random weights, where fp32 rounding differs by up to
+            # 1.2e-5 relative (3e-4 absolute) on an AMD EPYC's kernels; a wrong mask moves them by O(1). The sampled
+            # tokens' log-probs, q and the teacher's top-k are checked to 1e-5 absolute above
+            assert torch.allclose(lp, want, atol=1e-5, rtol=1e-4), (attn, r, v, float(((lp - want).abs() / want.abs()).max()))
     assert len(got) == len(seqs)
 
 
