@@ -21,7 +21,7 @@ wall and CPU seconds) and the shared forwards' plan, side by side
 median of the planning total beside it: on a VM the first touch of the packed ids' fresh pages, 150 MB for
 multi-turn, costs from 0.01 to 0.35 s a plan).
 
-Ends with ``shared prompts: after / limit <= X on every mix; planning <= Y s per 1,024 responses``.
+Ends with ``shared prompts: after / limit <= X on every mix; planning <= Y s per 1,024 responses (best of R; median M)``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from typing import Optional
 
 import numpy as np
 
+from recipe.mrtpo.core.prompt_variants import as_ids
+
 logger = logging.getLogger(__name__)
 
 #: where a rendered prompt may be cut into pieces tokenized apart: after a run of newlines, before a
@@ -43,11 +45,16 @@ def split_pieces(text: str) -> list[str]:
     return out
 
 
+def _readonly(ids: np.ndarray) -> np.ndarray:
+    """``ids`` made read-only (a cache hands out the same array to every caller)."""
+    ids.flags.writeable = False
+    return ids
+
+
 def _frozen(ids: Sequence[int]) -> np.ndarray:
-    """Ids as a read-only 1-D int32 array (a cache hands out the same array to every caller)."""
-    out = np.array(ids, dtype=np.int32).reshape(-1)
-    out.flags.writeable = False
-    return out
+    """Ids as a read-only int32 array (:func:`as_ids`), never the caller's own array."""
+    out = as_ids(ids)
+    return _readonly(out.copy() if out is ids else out)
 
 
 class PieceEncoder:
@@ -91,7 +98,7 @@ class PieceEncoder:
         unseen = list(dict.fromkeys(p for pieces in split for p in pieces if p not in self._cache))
         for piece, ids in zip(unseen, self._encode(unseen)):
             self._cache[piece] = ids
-        out = [_frozen(np.concatenate([self._cache[p] for p in pieces])) for pieces in split]
+        out = [_readonly(np.concatenate([self._cache[p] for p in pieces])) for pieces in split]
         self.pieces += sum(map(len, split))
         self.piece_hits += sum(map(len, split)) - len(unseen)
         checked = [i for i in range(len(texts)) if (first + i) % self.verify_every == 0]
