@@ -40,7 +40,7 @@
 #                    Relative paths are taken from the directory you call the script from.
 #   CHECKPOINT_ROOT  where checkpoints go (default <repo>/checkpoints): with NNODES > 1 it must be storage every node
 #                    shares, mounted at the same path (each rank writes its own shard there): NNODES > 1 without it is
-#                    refused, and before step 1 every node must read a marker the run writes there (the node check);
+#                    refused (but with SMOKE=1, which saves nothing), and before step 1 every node must read a marker the run writes there (the node check);
 #                    a resume that finds no checkpoint where the run recorded one, or shards of another world size,
 #                    is refused in one line.
 #   MRTPO_DATA_ROOT  where rows' relative files (SQL databases) are found (default <repo>/data), on every node
@@ -362,7 +362,8 @@ mrtpo_launch() {
   [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "NNODES must be a positive integer, got '$nnodes'"
   [[ "$ngpus" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "N_GPUS_PER_NODE must be a positive integer, got '$ngpus'"
   # the default checkpoint folder is inside the repository, on each node's own disk: shards split over the nodes
-  if [ "$nnodes" -gt 1 ] && [ -z "${CHECKPOINT_ROOT:-}" ]; then
+  # (SMOKE=1 saves and resumes nothing; the node check's marker still refuses a run that does, on a folder not shared)
+  if [ "$nnodes" -gt 1 ] && [ -z "${CHECKPOINT_ROOT:-}" ] && [ -z "$smoke" ]; then
     local shared="NNODES=$nnodes needs CHECKPOINT_ROOT on storage every node shares (the default $MRTPO_ROOT/checkpoints is each node's own disk)"
     if [ -n "$DRY_RUN_ON" ]; then mrtpo_log "warning: $shared (dry run: continuing)"; else mrtpo_die "$shared"; fi
   fi

@@ -545,6 +545,8 @@ def test_nnodes_above_one_needs_a_shared_checkpoint_root(tmp_path, fake_venv):
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("[mrtpo] ERROR: ")]
     assert res.returncode != 0 and lines is None and len(errors) == 1, res.stderr
     assert "NNODES=2 needs CHECKPOINT_ROOT on storage every node shares" in errors[0]
+    res, lines = _launch(tmp_path, fake_venv, NNODES="2", SMOKE="1")  # saves and resumes nothing
+    assert res.returncode == 0 and lines is not None and "trainer.save_freq=-1" in lines, res.stderr
     res, lines = _launch(tmp_path, fake_venv, NNODES="2", CHECKPOINT_ROOT=str(tmp_path / "shared"))
     assert res.returncode == 0 and lines is not None, res.stderr
     assert f"trainer.default_local_dir='{tmp_path / 'shared'}/mrtpo/qwen2.5-7b-instruct_toolcall_mrtpo_seed0'" in lines
