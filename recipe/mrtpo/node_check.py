@@ -309,5 +309,10 @@ def check_run(config) -> None:
     node (``checkpoint_shards.needs_shared_folder``)."""
     marker = None
     if checkpoint_shards.needs_shared_folder(config.trainer):
-        marker = checkpoint_shards.write_marker(str(config.trainer.default_local_dir))
+        folder = str(config.trainer.default_local_dir)
+        try:
+            marker = checkpoint_shards.write_marker(folder)
+        except OSError as e:  # verl's first save would fail there too, steps later
+            raise FileNotFoundError(f"{node_files.NODE_CHECK_MARK}trainer.default_local_dir={folder}: the node check "
+                                    f"cannot write its marker there ({type(e).__name__}: {e})") from None
     check_every_node(run_files(config), marker)

@@ -259,3 +259,17 @@ def test_a_node_that_does_not_answer_is_named_and_an_unshared_checkpoint_folder_
             assert seen in line and "CHECKPOINT_ROOT" in line and f"ray node {node[:12]}" in line
     finally:
         ray.shutdown()
+
+
+def test_a_checkpoint_folder_the_task_runner_cannot_write_stops_the_run_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from recipe.mrtpo.node_check import check_run
+
+    (tmp_path / "a_file").write_text("")
+    cfg = SimpleNamespace(trainer=SimpleNamespace(save_freq=50, resume_mode="auto",
+                                                  default_local_dir=str(tmp_path / "a_file" / "ckpt")))
+    with pytest.raises(FileNotFoundError) as err:
+        check_run(cfg)
+    line = str(err.value)
+    assert line.startswith(node_files.NODE_CHECK_MARK) and "cannot write its marker" in line and "\n" not in line
