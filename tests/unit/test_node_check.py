@@ -38,21 +38,24 @@ def test_row_files_reads_the_sql_rows_databases():
     assert row_files(frame) == ["db/a.sqlite", "/abs/b.sqlite"]
 
 
-def test_a_node_whose_data_root_lacks_the_database_stops_the_run_in_one_line(tmp_path, monkeypatch):
+def test_a_node_whose_data_root_lacks_the_database_or_the_nltk_data_stops_the_run_in_one_line(tmp_path, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     (good / "db").mkdir(parents=True)
     sqlite3.connect(good / "db" / "a.sqlite").close()
-    bad.mkdir()
+    bad.mkdir(mode=0o700)
+    nltk = [NodeFile(r, "nltk", "rows with data_source ifeval") for r in node_files.NLTK_RESOURCES]
     monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(good))  # each raylet's workers inherit the env it started with
+    monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(ASSETS / "nltk_data"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         ray.init(address=cluster.address)
         check_every_node(["db/a.sqlite"])  # one node, the database there: quiet
-        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.node_files", "module", "k")])  # through Ray
+        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.node_files", "module", "k"), *nltk])  # through Ray
         monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(bad))
+        monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(bad))
         second = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         with pytest.raises(FileNotFoundError) as err:
@@ -60,6 +63,11 @@ def test_a_node_whose_data_root_lacks_the_database_stops_the_run_in_one_line(tmp
         line = str(err.value)
         assert "\n" not in line and str(bad / "db" / "a.sqlite") in line
         assert f"ray node {second.node_id[:12]}" in line
+        with pytest.raises(FileNotFoundError) as err:  # the IF checkers' NLTK data: the same one line
+            check_every_node(nltk)
+        line = str(err.value)
+        assert "\n" not in line and f"NLTK's {node_files.NLTK_RESOURCES[0]} under {bad}" in line, line
+        assert f"ray node {second.node_id[:12]}" in line and "named by rows with data_source ifeval" in line
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -193,31 +201,6 @@ def test_if_rows_need_the_nltk_data_under_the_asset_root(tmp_path, monkeypatch):
     line = missing_here(need)
     assert line is not None and "\n" not in line and line.startswith(node_files.MISSING_MARK + node_files.node_name())
     assert f"NLTK's {node_files.NLTK_RESOURCES[0]} under {empty}" in line and "fetch_assets.py" in line
-
-
-def test_a_node_without_the_nltk_data_stops_the_run_in_one_line(tmp_path, monkeypatch):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    need = [NodeFile(r, "nltk", "rows with data_source ifeval") for r in node_files.NLTK_RESOURCES]
-    empty = tmp_path / "empty"
-    empty.mkdir(mode=0o700)
-    monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(ASSETS / "nltk_data"))  # each raylet's workers inherit its env
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        ray.init(address=cluster.address)
-        check_every_node(need)  # the head node has it: quiet
-        monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(empty))
-        second = cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        with pytest.raises(FileNotFoundError) as err:
-            check_every_node(need)
-        line = str(err.value)
-        assert "\n" not in line and f"NLTK's {node_files.NLTK_RESOURCES[0]} under {empty}" in line, line
-        assert f"ray node {second.node_id[:12]}" in line
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_a_node_that_does_not_answer_is_named_and_an_unshared_checkpoint_folder_refused(tmp_path, monkeypatch):
