@@ -39,7 +39,17 @@
 #                      toolrl   toolcall only: data/toolrl_reward (ToolRL's 4k mix, ToolRL's prompt and reward form, as GDPO's run)
 #                    Relative paths are taken from the directory you call the script from.
 #   CHECKPOINT_ROOT  where checkpoints go (default <repo>/checkpoints): with NNODES > 1 it must be storage every node
-#                    shares (each rank writes its own shard there; export and resume refuse missing shards).
+#                    shares, mounted at the same path (each rank writes its own shard there): NNODES > 1 without it is
+#                    refused (but with SMOKE=1, which saves nothing), and before step 1 every node must read a marker the run writes there (the node check);
+#                    a resume that finds no checkpoint where the run recorded one, or shards of another world size,
+#                    is refused in one line.
+#   MRTPO_DATA_ROOT  where rows' relative files (SQL databases) are found (default <repo>/data), on every node
+#   MRTPO_ASSETS     the verifiers' assets, NLTK's data under nltk_data/ (default <repo>/.assets, what
+#                    run_scripts/fetch_assets.py unpacks; MRTPO_NLTK_DATA overrides that one folder), on every node.
+#                    These are passed to every Ray worker; the node check looks for what the run's rows need on each node.
+#   MRTPO_PREFLIGHT  0 skips the launch's fast checks (`python -m recipe.mrtpo.doctor --preflight`: the NVIDIA
+#                    driver, flash-attn or the SDPA overrides, the NLTK data of ifbench, the data root; one line each),
+#                    which otherwise run before Ray starts and stop a launch that fails one
 #   NNODES           nodes (default 1). More than one: start a Ray cluster over the nodes first (`ray start
 #                    --head` on one, `ray start --address=<head>:6379` on the others; the repository at the
 #                    same path on every node), then run the script on the head node.
@@ -341,6 +351,8 @@ mrtpo_launch() {
   DRY_RUN_ON="$(mrtpo_flag DRY_RUN "${DRY_RUN:-0}")" || exit 1
   local smoke seed="${SEED:-0}"
   smoke="$(mrtpo_flag SMOKE "${SMOKE:-0}")" || exit 1
+  local preflight
+  preflight="$(mrtpo_flag MRTPO_PREFLIGHT "${MRTPO_PREFLIGHT:-1}")" || exit 1
   local algo="${ALGO:-mrtpo}"
   _mrtpo_size "$size"
   _mrtpo_task "$task"
@@ -349,6 +361,12 @@ mrtpo_launch() {
   local nnodes="${NNODES:-1}" ngpus="${N_GPUS_PER_NODE:-8}"
   [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "NNODES must be a positive integer, got '$nnodes'"
   [[ "$ngpus" =~ ^[1-9][0-9]*$ ]] || mrtpo_die "N_GPUS_PER_NODE must be a positive integer, got '$ngpus'"
+  # the default checkpoint folder is inside the repository, on each node's own disk: shards split over the nodes
+  # (SMOKE=1 saves and resumes nothing; the node check's marker still refuses a run that does, on a folder not shared)
+  if [ "$nnodes" -gt 1 ] && [ -z "${CHECKPOINT_ROOT:-}" ] && [ -z "$smoke" ]; then
+    local shared="NNODES=$nnodes needs CHECKPOINT_ROOT on storage every node shares (the default $MRTPO_ROOT/checkpoints is each node's own disk)"
+    if [ -n "$DRY_RUN_ON" ]; then mrtpo_log "warning: $shared (dry run: continuing)"; else mrtpo_die "$shared"; fi
+  fi
 
   local model="${MODEL_PATH:-$MODEL_DEFAULT}"
   [ -n "$model" ] || mrtpo_die "MODEL_PATH is empty"
@@ -441,9 +459,15 @@ mrtpo_launch() {
     "trainer.logger=[console]"        # add wandb with: 'trainer.logger=[console,wandb]'
     # Ray workers (on every node) import the recipe from the repository.
     "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
-    # ... and resolve the rows' files (SQL databases) against the same data root (README: node-local files).
+    # ... and resolve the rows' files (SQL databases) against the same data root and the verifiers' assets (NLTK's
+    # data) against the same asset root (README: node-local files).
     "++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_DATA_ROOT='${MRTPO_DATA_ROOT:-$MRTPO_ROOT/data}'"
+    "++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_ASSETS='${MRTPO_ASSETS:-$MRTPO_ROOT/.assets}'"
   )
+  [ -z "${MRTPO_NLTK_DATA:-}" ] || args+=("++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_NLTK_DATA='$MRTPO_NLTK_DATA'")
+  case "${CHECKPOINT_ROOT:-}${MRTPO_DATA_ROOT:-}${MRTPO_ASSETS:-}${MRTPO_NLTK_DATA:-}" in
+    *"'"* | *"\\"*) mrtpo_die "CHECKPOINT_ROOT / MRTPO_DATA_ROOT / MRTPO_ASSETS / MRTPO_NLTK_DATA with a quote or backslash is not supported" ;;
+  esac
 
   args+=("${TASK_ARGS[@]}" "${SEED_ARGS[@]}")
   _mrtpo_read_only args
@@ -466,6 +490,11 @@ mrtpo_launch() {
   export PYTHONPATH="$pythonpath"
   export PYTHONHASHSEED="$seed"  # Python's str hash salt; verl forwards it to its Ray actors when set (constants_ppo.py)
   export HYDRA_FULL_ERROR=1
+  if [ -z "$DRY_RUN_ON" ] && [ -n "$preflight" ]; then
+    # the fast checks of a GPU launch (recipe/mrtpo/doctor.py), one line each, before Ray starts
+    "$py" -m recipe.mrtpo.doctor --preflight --task "$task" -- "${cmd[@]:3}" >&2 \
+      || mrtpo_die "the launch's preflight failed (the MISSING / DIFFERS lines above; MRTPO_PREFLIGHT=0 skips it)"
+  fi
   mrtpo_log "$(printf '%q ' "${cmd[@]}")"
   exec "${cmd[@]}"
 }

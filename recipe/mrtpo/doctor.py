@@ -8,10 +8,19 @@ Checks, each one line (``ok`` / ``MISSING`` / ``DIFFERS`` / ``note``):
 - CUDA devices (name, memory) or "no CUDA";
 - attention: where flash-attn is missing, what to do (build it, what that costs, or the SDPA overrides that
   run without it, :data:`SDPA_OVERRIDES`; docs/gpu_install.md);
-- the offline assets (``$MRTPO_ASSETS`` or ``<repo>/.assets``: what ``run_scripts/fetch_assets.py`` unpacks);
+- the offline assets (the asset root, ``$MRTPO_ASSETS`` or ``<repo>/.assets``: what ``run_scripts/fetch_assets.py``
+  unpacks), the NLTK data the IF checkers load as they look it up (``$MRTPO_NLTK_DATA``, else ``nltk_data`` under
+  the asset root) and the data root (``$MRTPO_DATA_ROOT``): the rules of ``recipe.mrtpo.node_files``, the ones the
+  workers and the node check follow;
 - whether the recipe's reliance on verl internals holds for the installed verl: the advantage-step seam
   (``recipe/mrtpo/verl_seam.py``'s pinned source hash), the trainer registration and verl's version (the
   version every patch of ``verl_patches`` is written for).
+
+``--preflight`` (what the run scripts run before Ray starts; ``MRTPO_PREFLIGHT=0`` skips it there): only the fast
+checks a GPU launch needs, one line each: the driver (>= 580 for the CUDA 13 builds), flash-attn importable or the
+SDPA overrides among the launch's overrides (given after ``--``), the NLTK data the IF checkers load
+(``--task ifbench``; under the asset root, ``node_files.nltk_data_dir``) and the data root (``$MRTPO_DATA_ROOT``);
+exit 1 when one fails. The node check looks for the same files on every node once Ray runs.
 
 Exit status: 1 when something the recipe needs on any node is missing or differs (verl 0.9.1, numpy >= 2,
 the seam, the assets); the GPU stack (CUDA, vLLM and torch at the GPU pins, flash-attn) only counts with
@@ -153,7 +162,9 @@ def asset_lines() -> list[Line]:
     """One line per destination of ``run_scripts/fetch_assets.py`` under the assets folder."""
     import importlib.util
 
-    root = Path(os.environ.get("MRTPO_ASSETS") or REPO / ".assets")
+    from recipe.mrtpo.node_files import assets_root
+
+    root = assets_root()
     spec = importlib.util.spec_from_file_location("mrtpo_fetch_assets", REPO / "run_scripts" / "fetch_assets.py")
     if spec is None or spec.loader is None:
         return [Line("MISSING", "assets", "run_scripts/fetch_assets.py not found", True)]
@@ -251,6 +262,83 @@ def attention_line(gpu: bool, flash_attn_version: Optional[str]) -> Line:
                 "docs/gpu_install.md)", False)
 
 
+#: the run scripts' tasks whose rows the IF checkers score (their NLTK data is needed)
+NLTK_TASKS = ("ifbench",)
+
+
+def sdpa_given(overrides: list[str]) -> bool:
+    """Whether the launch's overrides end with both :data:`SDPA_OVERRIDES` in force (the last value of a key wins)."""
+    last: dict[str, str] = {}
+    for o in overrides:
+        key, sep, value = o.lstrip("+").partition("=")
+        if sep:
+            last[key] = value
+    return all(last.get(k.lstrip("+")) == v for k, _, v in (o.partition("=") for o in SDPA_OVERRIDES))
+
+
+def _torch_cuda_build() -> Optional[str]:
+    """The CUDA build of the installed torch from its version's local part (``2.11.0+cu130`` -> ``13.0``), without
+    importing it; None when the version does not say."""
+    _, ver = installed(("torch",))
+    local = ver.split("+", 1)[1] if ver and "+" in ver else ""
+    return f"{local[2:-1]}.{local[-1]}" if local.startswith("cu") and local[2:].isdigit() and len(local) > 3 else None
+
+
+def _flash_attn_error() -> Optional[str]:
+    try:
+        import flash_attn  # noqa: F401  (a wheel built against another torch fails here, not at pip time)
+    except Exception as exc:  # an ImportError, or an OSError of an unresolved symbol
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    return None
+
+
+def preflight_lines(task: str, overrides: list[str]) -> list[Line]:
+    """The launch's fast checks (module docstring), one :class:`Line` each."""
+
+    lines = [driver_line(True, nvidia_driver(), _torch_cuda_build())]
+    if sdpa_given(overrides):
+        lines.append(Line("ok", "attention", "SDPA overrides given (no flash-attn needed)", True))
+    else:
+        err = _flash_attn_error()
+        lines.append(Line("ok", "attention", "flash-attn imports", True) if err is None else
+                      Line("MISSING", "attention", f"flash-attn does not import ({err}): build it (docs/gpu_install.md) or "
+                           f"append `{' '.join(SDPA_OVERRIDES)}`", True))
+    lines.append(nltk_line() if task in NLTK_TASKS else Line("note", "NLTK data", f"not read by task {task or '?'}", False))
+    return [*lines, data_root_line()]
+
+
+def nltk_line() -> Line:
+    """Whether NLTK finds the IF checkers' resources under the asset root's ``nltk_data`` (``node_files``' rule)."""
+    from recipe.mrtpo import node_files
+
+    gone, root = node_files.missing_nltk(), node_files.nltk_data_dir()
+    if gone is None:
+        return Line("ok", "NLTK data", f"{root} ({', '.join(node_files.NLTK_RESOURCES)})", True)
+    return Line("MISSING", "NLTK data", f"{gone} not found under {root} (python run_scripts/fetch_assets.py --dest "
+                f"{node_files.assets_root()}; NLTK refuses a folder another account can write)", True)
+
+
+def data_root_line() -> Line:
+    """Whether the data root (``$MRTPO_DATA_ROOT``, else ``<repo>/data``) is a folder: counted where it was named."""
+    from recipe.mrtpo import node_files
+
+    root, given = node_files.data_root(), bool(os.environ.get(node_files.DATA_ROOT_ENV, "").strip())
+    if root.is_dir():
+        return Line("ok", "data root", str(root), True)
+    # the default folder may be absent where every row's file is absolute; one that was named must be there
+    return Line("MISSING" if given else "note", "data root", f"{root}: no such folder ({node_files.DATA_ROOT_ENV}"
+                f"{' is set to it' if given else ' unset: rows whose files are relative will not find them'}; "
+                "docs/data.md)", given)
+
+
+def preflight(task: str, overrides: list[str]) -> int:
+    """Print :func:`preflight_lines` (``preflight <status> <check> <detail>``); 1 when one fails."""
+    lines = preflight_lines(task, overrides)
+    for line in lines:
+        print(f"preflight {line.status} {line.what}: {line.detail}")
+    return 1 if any(line.counts and line.status in ("MISSING", "DIFFERS") for line in lines) else 0
+
+
 def report(gpu: bool) -> tuple[list[str], int]:
     pins = gpu_pins()
     with warnings.catch_warnings():  # verl's import-time notices (engines absent, no accelerator) are not findings
@@ -261,7 +349,7 @@ def report(gpu: bool) -> tuple[list[str], int]:
                 ("python and packages", [python_line(gpu), *package_lines(gpu, pins)]),
                 ("accelerators", [*cuda_lines(gpu), driver_line(gpu, nvidia_driver(), _torch_cuda()),
                                   attention_line(gpu, installed(("flash-attn", "flash_attn"))[1])]),
-                ("offline assets", asset_lines()),
+                ("offline assets", [*asset_lines(), nltk_line(), data_root_line()]),
                 ("verl internals the recipe relies on", seam_lines()),
             ]
         finally:
@@ -280,7 +368,12 @@ def report(gpu: bool) -> tuple[list[str], int]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="this is a GPU training node: CUDA, flash-attn and the GPU pins count")
+    ap.add_argument("--preflight", action="store_true", help="only a launch's fast checks (the run scripts')")
+    ap.add_argument("--task", default="", help="with --preflight: the run script's task (ifbench needs NLTK data)")
+    ap.add_argument("overrides", nargs="*", help="with --preflight, after --: the launch's Hydra overrides")
     args = ap.parse_args(argv)
+    if args.preflight:
+        return preflight(args.task, args.overrides)
     lines, status = report(args.gpu)
     print("\n".join(lines))
     return status

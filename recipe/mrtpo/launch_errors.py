@@ -15,7 +15,9 @@ Which errors are "launch errors": Hydra's composition and override errors, Omega
 validation errors, and ``ValueError`` / ``FileNotFoundError`` / ``AssertionError`` raised in the driver
 before Ray runs the job (the recipe's ``check_config``, the schema, verl's ``validate_config``,
 :func:`check_local_paths`); of the exceptions that come back from Ray only one: the node check's missing file
-(``recipe.mrtpo.node_check``, run in the task runner before the first step; its line names the file and the node).
+(``recipe.mrtpo.node_check``, run in the task runner before the first step; its line names the file and the node),
+a node that does not answer it, a checkpoint folder a node does not share, and a refused resume
+(``recipe.mrtpo.checkpoint_shards``).
 
 Public names: :func:`check_local_paths`, :func:`one_line`, :func:`is_launch_error`,
 :func:`launch_errors_in_one_line`, :func:`run_hydra_main`.
@@ -86,20 +88,25 @@ def _key_suggestion(exc: BaseException) -> Optional[str]:
 
 
 def _node_file_cause(exc: BaseException) -> Optional[BaseException]:
-    """The node check's ``FileNotFoundError`` behind a Ray error (``RayTaskError.cause``), else None."""
-    from recipe.mrtpo.node_files import is_missing_file
+    """The recipe's refusal from inside the job behind a Ray error (``RayTaskError.cause``), else None: the node
+    check's missing file, unanswered node or unshared checkpoint folder, a refused resume."""
+    from recipe.mrtpo.checkpoint_shards import RESUME_MARK
+    from recipe.mrtpo.node_files import NODE_CHECK_MARK, is_missing_file
 
     cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, FileNotFoundError) and is_missing_file(str(cause)) else None
+    text = str(cause)
+    refusal = is_missing_file(text) or NODE_CHECK_MARK in text or RESUME_MARK in text
+    return cause if isinstance(cause, (FileNotFoundError, TimeoutError, RuntimeError)) and refusal else None
 
 
 def one_line(exc: BaseException) -> str:
     """The message of a launch error on one line (module docstring)."""
-    exc = _node_file_cause(exc) or exc
+    refusal = _node_file_cause(exc)
+    exc = refusal or exc
     text = _key_suggestion(exc)
     if text is None:
         text = str(exc).strip() or type(exc).__name__
-        if not isinstance(exc, (ValueError, FileNotFoundError)):
+        if refusal is None and not isinstance(exc, (ValueError, FileNotFoundError)):
             text = f"{type(exc).__name__}: {text}"
     text = text.split("\n    full_key:", 1)[0]  # OmegaConf's appended context
     return " ".join(text.split())

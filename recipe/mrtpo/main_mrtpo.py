@@ -24,9 +24,9 @@ class MRTPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
 
     def run(self, config):
         import recipe.mrtpo.trainer  # noqa: F401  (@register_trainer("mrtpo"))
-        from recipe.mrtpo.node_check import check_every_node, run_files
+        from recipe.mrtpo.node_check import check_run
 
-        check_every_node(run_files(config))  # every node holds the files its workers read, or one line stops it
+        check_run(config)  # every node holds the files its workers read and sees the checkpoint folder, or one line stops it
         return super().run(config)
 
 

@@ -10,11 +10,18 @@ What a worker reads (:func:`run_files`), each a :class:`NodeFile` saying how a w
   it); a ``pkg://`` module a reward setting names;
 - ``as_given``: the files the run's settings name, opened by verl's workers as written (a relative path from the
   worker's directory): the model, its config and tokenizer folders when local, verl's tool config, function
-  tool file and agent-loop config, a custom reward function or reward manager module file, a local reward model.
+  tool file and agent-loop config, a custom reward function or reward manager module file, a local reward model;
+- ``nltk``: the NLTK resources the IF checkers load (``node_files.NLTK_RESOURCES``) where rows of an IF data source
+  (:data:`IF_DATA_SOURCES`) are in the data, looked up as NLTK looks them up under the asset root's
+  ``nltk_data`` (``node_files.nltk_data_dir``: ``$MRTPO_NLTK_DATA``, else ``$MRTPO_ASSETS/nltk_data``).
 
 One task pinned to each alive node (Ray's ``NodeAffinitySchedulingStrategy``) looks them up there; the first
 missing one stops the run with :func:`recipe.mrtpo.node_files.missing_line` (the file, the node, and the row or
-setting that names it). The driver prints that line alone (``launch_errors``) and exits non-zero.
+setting that names it). Where the run saves or resumes checkpoints, :func:`check_run` first writes a marker under
+``trainer.default_local_dir`` on the task runner's node (``checkpoint_shards.write_marker``) and every node must read
+it there, else the run stops in one line saying the folder is not shared. A node whose task does not answer within
+``$MRTPO_NODE_CHECK_TIMEOUT_S`` seconds (default :data:`TIMEOUT_S`: a hung file system, a worker that cannot start)
+is named in one line and the run stops. The driver prints the line alone (``launch_errors``) and exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,11 +32,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipe.mrtpo import node_files
+from recipe.mrtpo import checkpoint_shards, node_files
 from recipe.mrtpo.rollout_render import BFCL_AGENT  # the agent name of BFCL multi-turn rows
 
 #: how each kind of :class:`NodeFile` is found on a node
-KINDS = ("data", "module", "as_given")
+KINDS = ("data", "module", "as_given", "nltk")
+#: the data sources the IF verifier scores (``tasks.instruction_following``'s ``register_task``; a test pins them)
+IF_DATA_SOURCES = ("instruction_following", "ifeval", "ifbench")
+NLTK_HINT = "python run_scripts/fetch_assets.py --dest <asset root> on every node"
+#: seconds the check waits for every node's answer (``$MRTPO_NODE_CHECK_TIMEOUT_S`` overrides)
+TIMEOUT_S = 300.0
+TIMEOUT_ENV = "MRTPO_NODE_CHECK_TIMEOUT_S"
 #: what the multi-turn verifier imports of bfcl-eval (``recipe.mrtpo.tasks.multi_turn.official``)
 BFCL_CHECKER_MODULES = ("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker",
                         "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils")
@@ -80,6 +93,18 @@ def row_files(frame) -> list[str]:
         if isinstance(path, str) and path:
             out[path] = None
     return list(out)
+
+
+def asset_files(frame) -> list[NodeFile]:
+    """The assets the rows' verifiers load: NLTK's resources where a row's ``data_source`` (before any ``/``) is one
+    of :data:`IF_DATA_SOURCES`; [] otherwise."""
+    if "data_source" not in getattr(frame, "columns", ()):
+        return []
+    sources = {str(d).split("/", 1)[0] for d in frame["data_source"]} & set(IF_DATA_SOURCES)
+    if not sources:
+        return []
+    named_by = f"rows with data_source {sorted(sources)[0]} ({NLTK_HINT})"
+    return [NodeFile(r, "nltk", named_by) for r in node_files.NLTK_RESOURCES]
 
 
 def _classes(extra) -> list[str]:
@@ -160,8 +185,10 @@ def run_files(config) -> list[NodeFile]:
         if not os.path.isfile(f):
             continue
         present = set(_parquet_columns(f))
-        frame = pd.read_parquet(f, columns=[c for c in ("reward_model", "agent_name", "extra_info") if c in present])
+        frame = pd.read_parquet(f, columns=[c for c in ("data_source", "reward_model", "agent_name", "extra_info")
+                                            if c in present])
         files.update(dict.fromkeys(NodeFile(p) for p in row_files(frame)))
+        files.update(dict.fromkeys(asset_files(frame)))
         files.update(dict.fromkeys(NodeFile(m, "module", f"rows with agent_name {BFCL_AGENT} ({BFCL_HINT})")
                                    for m in bfcl_modules(frame)))
     files.update(dict.fromkeys(setting_files(config)))
@@ -205,31 +232,90 @@ def missing_here(files: list) -> str | None:
         elif f.kind == "module":
             if module_file(f.path) is None:
                 return node_files.missing_line(f"python module {f.path}", named_by=f.source)
+        elif f.kind == "nltk":
+            gone = node_files.missing_nltk([f.path])
+            if gone is not None:
+                root = node_files.nltk_data_dir()
+                what = ("python module nltk" if gone == "nltk" else
+                        f"NLTK's {gone} under {root} ({node_files.NLTK_DATA_ENV} or {node_files.ASSETS_ENV}/nltk_data; "
+                        f"NLTK also refuses a folder another account can write)")
+                return node_files.missing_line(what, named_by=f.source)
         elif not os.path.exists(os.path.expanduser(f.path)):
             return node_files.missing_line(os.path.abspath(os.path.expanduser(f.path)), named_by=f.source)
     return None
 
 
-def _probe(files: list) -> str | None:
+def _probe(files: list, marker: tuple[str, str] | None = None) -> str | None:
     import ray
 
     line = missing_here(files)
+    if line is None and marker is not None:
+        seen = checkpoint_shards.marker_line(*marker)
+        if seen:
+            line = (f"{node_files.NODE_CHECK_MARK}trainer.default_local_dir={os.path.dirname(marker[0])} is not shared: "
+                    f"node {node_files.node_name()} {seen}; {checkpoint_shards.SHARED_HINT}")
     return None if line is None else line + f" [ray node {ray.get_runtime_context().get_node_id()[:12]}]"
 
 
-def check_every_node(files: list) -> None:
-    """Raise ``FileNotFoundError`` (one line: the file and the node) when a file is missing on an alive Ray node.
+def _timeout_s(timeout_s: float | None) -> float:
+    if timeout_s is not None:
+        return float(timeout_s)
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        return float(raw) if raw else TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+
+
+def check_every_node(files: list, marker: tuple[str, str] | None = None, timeout_s: float | None = None) -> None:
+    """Raise ``FileNotFoundError`` (one line: the file, or the checkpoint folder, and the node) when an alive Ray node
+    lacks a file or does not read ``marker`` (``(path, token)``, :func:`check_run`), ``TimeoutError`` (one line
+    naming them) when nodes do not answer within ``timeout_s`` (default: ``$MRTPO_NODE_CHECK_TIMEOUT_S`` or
+    :data:`TIMEOUT_S`).
 
     ``files``: :class:`NodeFile` entries, or rows' paths as strings (``data``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not files:
+    if not files and marker is None:
         return
+    wait_s = _timeout_s(timeout_s)
     probe = ray.remote(num_cpus=0)(_probe)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote(files)
-            for n in nodes]
-    for line in ray.get(refs):
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False))
+            .remote(files, marker) for n in nodes]
+    if not refs:
+        return
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    answered = set(done)
+    for line in ray.get(done):
         if line:
             raise FileNotFoundError(line)
+    silent = [n for n, r in zip(nodes, refs) if r not in answered]
+    if silent:
+        for r in refs:
+            if r not in answered:
+                try:
+                    ray.cancel(r, force=True)
+                except Exception:  # noqa: BLE001 - the line below is the finding; a failed cancel must not hide it
+                    pass
+        named = ", ".join(f"ray node {n['NodeID'][:12]} ({n.get('NodeManagerHostname', '?')}, "
+                          f"{n.get('NodeManagerAddress', '?')})" for n in silent)
+        raise TimeoutError(f"{node_files.NODE_CHECK_MARK}{named} did not answer the node check within {wait_s:g} s "
+                           f"(a hung file system, a Ray worker that cannot start there?); the run stops before its "
+                           f"first step ({TIMEOUT_ENV} sets the wait)")
+
+
+def check_run(config) -> None:
+    """The check the task runner makes before the trainer starts: every file of :func:`run_files` on every node,
+    and, where the run saves or resumes checkpoints, the marker under ``trainer.default_local_dir`` read on every
+    node (``checkpoint_shards.needs_shared_folder``)."""
+    marker = None
+    if checkpoint_shards.needs_shared_folder(config.trainer):
+        folder = str(config.trainer.default_local_dir)
+        try:
+            marker = checkpoint_shards.write_marker(folder)
+        except OSError as e:  # verl's first save would fail there too, steps later
+            raise FileNotFoundError(f"{node_files.NODE_CHECK_MARK}trainer.default_local_dir={folder}: the node check "
+                                    f"cannot write its marker there ({type(e).__name__}: {e})") from None
+    check_every_node(run_files(config), marker)

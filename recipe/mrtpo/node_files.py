@@ -1,10 +1,17 @@
-"""Files a worker reads on its own node: resolved against one documented data root, checked, never a silent 0.
+"""Files a worker reads on its own node: resolved against two documented roots, checked, never a silent 0.
 
 Reward and agent-loop workers run on every node of a Ray cluster (verl 0.9.1's ``reward_loop.py``,
 ``agent_loop.py``), so a file a row names (a SQL database, a BFCL asset, a tool config) must exist on each node.
-Rows store such paths relative to the data root; every worker resolves them against ``$MRTPO_DATA_ROOT`` (default:
-the repository's ``data/``), which the run scripts pass to every worker through Ray's runtime env. A path that is
-absolute stays as it is. A file that is not there is reported in one line naming the file and the node
+The two roots, the one place that says where a worker looks (the run scripts pass both to every worker through
+Ray's runtime env; doctor, the node check and the verifiers read them with the functions below):
+
+- the data root, ``$MRTPO_DATA_ROOT`` (default: the repository's ``data/``): rows store their files (SQL
+  databases) relative to it; a path that is absolute stays as it is (:func:`data_root`, :func:`resolve`);
+- the asset root, ``$MRTPO_ASSETS`` (default: the repository's ``.assets/``, what ``run_scripts/fetch_assets.py``
+  unpacks): the verifiers' own data, NLTK's under ``nltk_data/`` (:func:`nltk_data_dir`; ``$MRTPO_NLTK_DATA``
+  overrides that one folder). BFCL's data and backends are the installed ``bfcl-eval`` package's (checked as
+  modules), tool configs are files the settings name (checked as given).
+ A file that is not there is reported in one line naming the file and the node
 (:func:`missing_line`): before the first step by the node check (``node_check``), and during the run in the
 verifier's error, where the row then leaves the advantage (``reward_extras``; counted as ``mrtpo/missing_files``),
 never as a reward of 0.
@@ -18,6 +25,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 DATA_ROOT_ENV = "MRTPO_DATA_ROOT"
+ASSETS_ENV = "MRTPO_ASSETS"
+NLTK_DATA_ENV = "MRTPO_NLTK_DATA"
+#: the NLTK resources the IFEval / IFBench checkers load (sentence splitting, stop words; IFBench's import-time
+#: probes of punkt and the tagger are refused, ``tasks.if_registry``), as ``nltk.data.find`` names them
+NLTK_RESOURCES = ("tokenizers/punkt_tab/english/", "corpora/stopwords/english")
+#: how the node check's other refusals begin (a node that does not answer, a checkpoint folder it does not share)
+NODE_CHECK_MARK = "mrtpo: node check: "
 #: how :func:`missing_line` begins (the node's name follows): what the trainer and the launch recognise it by
 MISSING_MARK = "mrtpo: file not found on node "
 _REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +41,33 @@ def data_root() -> Path:
     """``$MRTPO_DATA_ROOT`` when set (and not empty), else the repository's ``data/``."""
     env = os.environ.get(DATA_ROOT_ENV, "").strip()
     return Path(env).expanduser() if env else _REPO / "data"
+
+
+def assets_root() -> Path:
+    """``$MRTPO_ASSETS`` when set (and not empty), else the repository's ``.assets/``."""
+    env = os.environ.get(ASSETS_ENV, "").strip()
+    return Path(env).expanduser() if env else _REPO / ".assets"
+
+
+def nltk_data_dir() -> Path:
+    """Where the IF checkers' NLTK data is: ``$MRTPO_NLTK_DATA`` when set, else ``<asset root>/nltk_data``."""
+    env = os.environ.get(NLTK_DATA_ENV, "").strip()
+    return Path(env).expanduser() if env else assets_root() / "nltk_data"
+
+
+def missing_nltk(resources: Iterable[str] = NLTK_RESOURCES) -> str | None:
+    """The first of ``resources`` that NLTK does not find under :func:`nltk_data_dir` alone (its zip archives
+    included), or None; ``"nltk"`` itself where the package is not installed."""
+    try:
+        import nltk
+    except ImportError:
+        return "nltk"
+    for r in resources:
+        try:
+            nltk.data.find(r, paths=[str(nltk_data_dir())])
+        except LookupError:
+            return r
+    return None
 
 
 def resolve(path: str) -> str:

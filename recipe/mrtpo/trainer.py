@@ -40,7 +40,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.mrtpo import methods, verl_seam
-from recipe.mrtpo.checkpoint_shards import missing_shards_line
+from recipe.mrtpo.checkpoint_shards import RESUME_MARK, record_save, resume_refusal
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.seeding import submission_order
 from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
@@ -293,14 +293,16 @@ class MRTPOTrainer(PPOTrainerSync):
         return self._rollout_render.planner_renders(self.tokenizer, tools)
 
     def _load_checkpoint(self):
-        """verl's resume, after refusing a checkpoint whose model shards are not all readable here
-        (``checkpoint_shards``: node-local ``default_local_dir`` with NNODES > 1)."""
-        folder = verl_seam.resume_folder(self.config)
-        if folder is not None:
-            refusal = missing_shards_line(os.path.join(folder, "actor"))
-            if refusal:
-                raise RuntimeError("mrtpo: cannot resume: " + refusal)
+        """verl's resume, refused in one line where it would load nothing or part of the model (``checkpoint_shards``)."""
+        refusal = resume_refusal(self.config.trainer, verl_seam.resume_folder(self.config), verl_seam.actor_world_size(self.config))
+        if refusal:
+            raise RuntimeError(RESUME_MARK + refusal)
         return super()._load_checkpoint()
+
+    def _save_checkpoint(self):
+        """verl's save, then the step in the run's own record, which a resume checks (``checkpoint_shards.record_save``)."""
+        super()._save_checkpoint()
+        record_save(self.config.trainer.default_local_dir, int(self.global_steps), verl_seam.actor_world_size(self.config))
 
     def _compute_old_log_prob(self, batch, metrics: dict):
         """verl's old_log_prob step, fused with the replay where the replay runs (``StepPlan.fuse_old_log_prob``):
@@ -365,10 +367,9 @@ class MRTPOTrainer(PPOTrainerSync):
         # the advantage step's own fetch already holds the prompts; the fused old_log_prob step fetches them here
         meta = fields if fields is not None else verl_seam.fetch_fields(batch, ["raw_prompt", "prompts"])
         messages = [[dict(x) for x in m] if m is not None and len(m) else None for m in _tolist(meta["raw_prompt"])]
-        # the planning renders each distinct prompt once and tokenizes the batch's distinct line-led pieces of
-        # text in one call (the variants of a group share all but a sentence or a block; checked against whole
-        # renders)
-        # (rendered as the rollout rendered each row: its chat-template arguments and tools, rollout_render)
+        # the planning renders each distinct prompt once and tokenizes the batch's distinct line-led pieces of text in one
+        # call (the variants of a group share all but a sentence or a block; checked against whole renders), each row
+        # rendered as the rollout rendered it (its chat-template arguments and tools, rollout_render)
         render, row_render, encoder = self._planner_renders(self._row_tools(batch, len(messages)))
         on_ref = self.method.replay.on_reference(self.mrtpo)
         request = PassRequest(

@@ -261,6 +261,34 @@ def resume_folder(config) -> Optional[str]:
     return None
 
 
+#: verl 0.9.1 code the checkpoint checks rely on (``checkpoint_shards``, ``trainer._load_checkpoint`` /
+#: ``_save_checkpoint``), by ``module:qualname`` -> sha256 of the dedented source: the actor, reference and critic
+#: share one "global_pool" of ``[n_gpus_per_node] * nnodes`` (:func:`actor_world_size`); the save writes
+#: ``global_step_<N>`` under ``default_local_dir`` and the tracker ``latest_checkpointed_iteration.txt`` there;
+#: the resume picks its folder as :func:`resume_folder` re-states, through ``find_latest_ckpt_path`` (None when the
+#: tracker or its folder is missing: a silent start at step 0); the FSDP manager saves and loads
+#: ``model_world_size_<W>_rank_<r>.pt`` of its own world size, one per rank.
+CHECKPOINT_SOURCES = {
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._init_resource_pool_mgr": "96a4fe09dd4bb9c5083249db21fb79bfe0b79c9f15fb663c4946f154176b1089",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint": "1ceb1e087ce91c9251f98140353938221134f8ee0fe990697de93db975fa82c0",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint": "52b412c5395b2cae290a6cf24c7f981d19b9458cda623170d776be844cb7cbec",
+    "verl.utils.checkpoint.checkpoint_manager:find_latest_ckpt_path": "ef7c06afc10f04da2592de51bb84e3e778ea045cbe433b41d267f42ec9ce110c",
+    "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint": "888ddb5dbff4187d087fe7ef5ae2141cc8d56781a6c71a0064f971bbc09b3659",
+    "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.load_checkpoint": "8ba8916aef1fa6e4dbd30e8d401d47d162a84090da1aeabd1a338b53b1b559f1",
+}
+
+
+def check_checkpoint_sources() -> list[str]:
+    """The :data:`CHECKPOINT_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return changed_sources(CHECKPOINT_SOURCES)
+
+
+def actor_world_size(config) -> int:
+    """The actor's world size, the ``W`` of its checkpoint shards: verl 0.9.1's global pool,
+    ``trainer.n_gpus_per_node * trainer.nnodes`` (``_init_resource_pool_mgr``, pinned in :data:`CHECKPOINT_SOURCES`)."""
+    return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+
 def reordered(batch, order: list[int]):
     """A copy of the TransferQueue batch (``KVBatchMeta``: ``keys`` and per-sample ``tags``) with its samples in
     ``order``: the same rows, dispatched and packed otherwise by verl's worker."""

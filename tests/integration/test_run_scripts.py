@@ -98,7 +98,8 @@ def _seeds(cfg: dict) -> dict:
 def _base_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ALGO", "DRY_RUN", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES",
                                                              "NNODES", "N_GPUS_PER_NODE", "EXPERIMENT_NAME", "PROJECT_NAME",
-                                                             "MRTPO_VENV", "SEED", "SMOKE", "DATA_SET", "MRTPO_DEBUG")}
+                                                             "MRTPO_VENV", "SEED", "SMOKE", "DATA_SET", "MRTPO_DEBUG",
+                                                             "CHECKPOINT_ROOT", "MRTPO_PREFLIGHT", "MRTPO_NLTK_DATA")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 
@@ -535,6 +536,58 @@ def test_bad_settings_fail_before_launch(tmp_path, fake_venv, env, message):
     res, lines = _launch(tmp_path, fake_venv, **env)
     assert res.returncode != 0 and lines is None
     assert message in res.stderr, res.stderr
+
+
+def test_nnodes_above_one_needs_a_shared_checkpoint_root(tmp_path, fake_venv):
+    """The default checkpoint folder is inside the repository, each node's own disk: refused in one line with
+    NNODES > 1 (a dry run warns); CHECKPOINT_ROOT given, the folder is there (the node check's marker decides)."""
+    res, lines = _launch(tmp_path, fake_venv, NNODES="2")
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("[mrtpo] ERROR: ")]
+    assert res.returncode != 0 and lines is None and len(errors) == 1, res.stderr
+    assert "NNODES=2 needs CHECKPOINT_ROOT on storage every node shares" in errors[0]
+    res, lines = _launch(tmp_path, fake_venv, NNODES="2", SMOKE="1")  # saves and resumes nothing
+    assert res.returncode == 0 and lines is not None and "trainer.save_freq=-1" in lines, res.stderr
+    res, lines = _launch(tmp_path, fake_venv, NNODES="2", CHECKPOINT_ROOT=str(tmp_path / "shared"))
+    assert res.returncode == 0 and lines is not None, res.stderr
+    assert f"trainer.default_local_dir='{tmp_path / 'shared'}/mrtpo/qwen2.5-7b-instruct_toolcall_mrtpo_seed0'" in lines
+
+
+#: a ``bin/python`` that appends each call's argv (one per line) and a separator line to the record; a call of the
+#: doctor exits with ``$DOCTOR_RC``
+APPENDER = ('#!/usr/bin/env bash\n{ printf "%s\\n" "$@"; echo "--- call"; } >> "$MRTPO_RECORD"\n'
+            '[ "$2" != recipe.mrtpo.doctor ] || exit "${DOCTOR_RC:-0}"\n')
+
+
+def test_a_launch_runs_the_preflight_before_ray_and_passes_the_roots_to_every_worker(tmp_path):
+    venv, record = tmp_path / "venv", tmp_path / "record.txt"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(APPENDER)
+    (venv / "bin" / "python").chmod(0o755)
+    (tmp_path / "train.parquet").touch()
+
+    def launch(**env):
+        record.unlink(missing_ok=True)
+        full = _base_env(MRTPO_VENV=str(venv), MRTPO_RECORD=str(record), TRAIN_FILES=str(tmp_path / "train.parquet"),
+                         VAL_FILES=str(tmp_path / "train.parquet"), MRTPO_ASSETS=str(tmp_path / "assets"), **env)
+        res = subprocess.run(["bash", str(SCRIPTS / "qwen1.5b_ifbench.sh"), "trainer.save_freq=3"], cwd=tmp_path, env=full,
+                             capture_output=True, text=True, timeout=60)
+        calls = record.read_text().split("--- call\n")[:-1] if record.exists() else []
+        return res, [c.splitlines() for c in calls]
+
+    res, calls = launch()
+    assert res.returncode == 0 and len(calls) == 2, res.stderr
+    (pre, main) = calls
+    assert pre[:5] == ["-m", "recipe.mrtpo.doctor", "--preflight", "--task", "ifbench"] and pre[5] == "--"
+    assert main[:2] == ["-m", "recipe.mrtpo.main_mrtpo"] and pre[6:] == main[2:]  # the launch's own overrides
+    assert f"++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_ASSETS='{tmp_path / 'assets'}'" in main
+    assert any(a.startswith("++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_DATA_ROOT=") for a in main)
+    res, calls = launch(MRTPO_NLTK_DATA=str(tmp_path / "nltk"))
+    assert f"++ray_kwargs.ray_init.runtime_env.env_vars.MRTPO_NLTK_DATA='{tmp_path / 'nltk'}'" in calls[1]
+    res, calls = launch(DOCTOR_RC="1")  # a failed preflight: nothing launched, one line
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("[mrtpo] ERROR: ")]
+    assert res.returncode != 0 and len(calls) == 1 and len(errors) == 1 and "preflight failed" in errors[0], res.stderr
+    res, calls = launch(MRTPO_PREFLIGHT="0")
+    assert res.returncode == 0 and [c[:2] for c in calls] == [["-m", "recipe.mrtpo.main_mrtpo"]]
 
 
 def test_common_sh_is_not_a_script():

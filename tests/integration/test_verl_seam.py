@@ -233,3 +233,19 @@ def test_the_recipe_config_selects_the_seeded_manager_and_it_subclasses_verls():
     assert fqn == "recipe.mrtpo.rollout_seed.SeededAgentLoopManager"
     assert issubclass(rollout_seed.SeededAgentLoopManager, AgentLoopManagerTQ)
     assert issubclass(rollout_seed.SeededAgentLoopWorker.__ray_actor_class__, AgentLoopWorkerTQ.__ray_actor_class__)
+
+
+# ------------------------------------------------------------------ the checkpoint checks
+def test_the_verl_code_the_checkpoint_checks_rely_on_is_the_pinned_one():
+    """``checkpoint_shards`` and the trainer's resume / save rely on verl's global pool, its save's folders and
+    tracker, its resume's look-up and the FSDP manager's per-rank shard names (verl_seam.CHECKPOINT_SOURCES)."""
+    assert verl_seam.check_checkpoint_sources() == [], "verl changed: re-check recipe/mrtpo/checkpoint_shards.py"
+    pool = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._init_resource_pool_mgr")
+    assert "global_pool_id: [config.trainer.n_gpus_per_node] * config.trainer.nnodes," in pool
+    save = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")
+    assert 'self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"' in save
+    assert 'self.config.trainer.default_local_dir, "latest_checkpointed_iteration.txt"' in save
+    find = named_source("verl.utils.checkpoint.checkpoint_manager:find_latest_ckpt_path")
+    assert "if not os.path.exists(tracker_file):" in find
+    load = named_source("verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.load_checkpoint")
+    assert 'f"model_world_size_{self.world_size}_rank_{self.rank}.pt"' in load

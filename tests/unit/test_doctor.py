@@ -102,3 +102,34 @@ def test_without_flash_attn_the_doctor_says_what_to_do_and_the_sdpa_overrides_co
         cfg = compose(config_name="mrtpo_trainer", overrides=list(SDPA_OVERRIDES))
     model = cfg.actor_rollout_ref.model  # one model config: the actor's, the reference's and the rollout's
     assert model.override_config.attn_implementation == "sdpa" and model.use_remove_padding is False
+
+
+# --------------------------------------------------------------------- the launch's preflight (the run scripts')
+def test_preflight_says_one_line_per_check_and_fails_on_a_missing_one(tmp_path, monkeypatch, capsys):
+    from recipe.mrtpo import node_files
+
+    monkeypatch.setattr(doctor, "nvidia_driver", lambda: "575.57.08")
+    monkeypatch.setattr(doctor, "_flash_attn_error", lambda: "ModuleNotFoundError: No module named 'flash_attn'")
+    monkeypatch.setattr(doctor, "installed", lambda dists: ("torch", "2.11.0+cu130") if dists == ("torch",) else (None, None))
+    empty = tmp_path / "assets"
+    empty.mkdir(mode=0o700)
+    monkeypatch.delenv(node_files.NLTK_DATA_ENV, raising=False)
+    monkeypatch.setenv(node_files.ASSETS_ENV, str(empty))
+    monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(tmp_path / "no_data"))
+    assert doctor.main(["--preflight", "--task", "ifbench", "--", "trainer.nnodes=1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0] for ln in out] == ["preflight DIFFERS NVIDIA driver", "preflight MISSING attention",
+                                                "preflight MISSING NLTK data", "preflight MISSING data root"], out
+    assert ">= 580" in out[0] and all(o in out[1] for o in doctor.SDPA_OVERRIDES)
+    assert f"under {empty / 'nltk_data'}" in out[2] and f"fetch_assets.py --dest {empty}" in out[2]
+    # a driver >= 580, the SDPA overrides (the last value of a key wins), the data, the data root: passes
+    monkeypatch.setattr(doctor, "nvidia_driver", lambda: "580.65.06")
+    monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(REPO / ".assets" / "nltk_data"))
+    monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(tmp_path))
+    sdpa = ["actor_rollout_ref.model.use_remove_padding=True", *doctor.SDPA_OVERRIDES]
+    assert doctor.main(["--preflight", "--task", "ifbench", "--", *sdpa]) == 0
+    assert all(ln.startswith("preflight ok ") for ln in capsys.readouterr().out.splitlines())
+    assert not doctor.sdpa_given([*doctor.SDPA_OVERRIDES, "actor_rollout_ref.model.use_remove_padding=True"])
+    assert doctor.main(["--preflight", "--task", "text2sql", "--", *sdpa]) == 0  # no IF rows: NLTK not needed
+    assert "preflight note NLTK data: not read by task text2sql" in capsys.readouterr().out
+    assert doctor._torch_cuda_build() == "13.0"

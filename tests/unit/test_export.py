@@ -138,6 +138,7 @@ def test_the_trainers_resume_refuses_missing_shards_before_verl_loads(tmp_path, 
     (step / "actor" / "model_world_size_2_rank_1.pt").unlink()
     monkeypatch.setattr(verl_seam, "resume_folder", lambda config: str(step))
     trainer = MRTPOTrainer.__new__(MRTPOTrainer)
-    trainer.config = SimpleNamespace()
+    trainer.config = SimpleNamespace(trainer=SimpleNamespace(resume_mode="auto", default_local_dir=str(tmp_path),
+                                                             nnodes=1, n_gpus_per_node=2))
     with pytest.raises(RuntimeError, match=r"cannot resume: .*1 of 2 model shards found"):
         trainer._load_checkpoint()

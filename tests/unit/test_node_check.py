@@ -3,6 +3,7 @@ the settings name), and on two Ray nodes on one machine (``ray.cluster_utils.Clu
 lacks the database, and the check stops in one line naming the file and that node."""
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -37,21 +38,24 @@ def test_row_files_reads_the_sql_rows_databases():
     assert row_files(frame) == ["db/a.sqlite", "/abs/b.sqlite"]
 
 
-def test_a_node_whose_data_root_lacks_the_database_stops_the_run_in_one_line(tmp_path, monkeypatch):
+def test_a_node_whose_data_root_lacks_the_database_or_the_nltk_data_stops_the_run_in_one_line(tmp_path, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     (good / "db").mkdir(parents=True)
     sqlite3.connect(good / "db" / "a.sqlite").close()
-    bad.mkdir()
+    bad.mkdir(mode=0o700)
+    nltk = [NodeFile(r, "nltk", "rows with data_source ifeval") for r in node_files.NLTK_RESOURCES]
     monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(good))  # each raylet's workers inherit the env it started with
+    monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(ASSETS / "nltk_data"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         ray.init(address=cluster.address)
         check_every_node(["db/a.sqlite"])  # one node, the database there: quiet
-        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.node_files", "module", "k")])  # through Ray
+        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.node_files", "module", "k"), *nltk])  # through Ray
         monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(bad))
+        monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(bad))
         second = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         with pytest.raises(FileNotFoundError) as err:
@@ -59,6 +63,11 @@ def test_a_node_whose_data_root_lacks_the_database_stops_the_run_in_one_line(tmp
         line = str(err.value)
         assert "\n" not in line and str(bad / "db" / "a.sqlite") in line
         assert f"ray node {second.node_id[:12]}" in line
+        with pytest.raises(FileNotFoundError) as err:  # the IF checkers' NLTK data: the same one line
+            check_every_node(nltk)
+        line = str(err.value)
+        assert "\n" not in line and f"NLTK's {node_files.NLTK_RESOURCES[0]} under {bad}" in line, line
+        assert f"ray node {second.node_id[:12]}" in line and "named by rows with data_source ifeval" in line
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -156,3 +165,94 @@ def test_the_node_checks_line_from_ray_is_a_launch_error_in_one_line():
     assert is_launch_error(err) and one_line(err) == line
     other = RayTaskError("run", "Traceback ...", FileNotFoundError("/x: no such file")).as_instanceof_cause()
     assert not is_launch_error(other)  # a crash inside the job keeps its traceback
+
+
+# ---------------------------------------------------------------- the verifiers' assets, the checkpoint folder, a silent node
+ASSETS = Path(__file__).resolve().parents[2] / ".assets"
+
+
+def test_if_data_sources_are_the_ones_the_if_verifier_registers():
+    from recipe.mrtpo.node_check import IF_DATA_SOURCES
+    from recipe.mrtpo.tasks import base
+    from recipe.mrtpo.tasks import instruction_following as IF
+
+    assert set(IF_DATA_SOURCES) == {name for name, fn in base._TASKS.items() if fn is IF.score}
+
+
+def test_if_rows_need_the_nltk_data_under_the_asset_root(tmp_path, monkeypatch):
+    from recipe.mrtpo.node_check import asset_files
+
+    frame = pd.DataFrame({"data_source": ["ifeval/test", "chinook"], "reward_model": [{"ground_truth": "{}"}] * 2})
+    data = tmp_path / "train.parquet"
+    frame.to_parquet(data)
+    need = [NodeFile(r, "nltk", asset_files(frame)[0].source) for r in node_files.NLTK_RESOURCES]
+    assert asset_files(frame) == need and "ifeval" in need[0].source
+    assert asset_files(pd.DataFrame({"data_source": ["chinook"]})) == []
+    assert [f for f in run_files(_compose(f"data.train_files={data}", f"data.val_files={data}")) if f.kind == "nltk"] == need
+    # the asset root's rule: $MRTPO_NLTK_DATA, else $MRTPO_ASSETS/nltk_data
+    monkeypatch.delenv(node_files.NLTK_DATA_ENV, raising=False)
+    (tmp_path / "assets").mkdir(mode=0o700)
+    (tmp_path / "assets" / "nltk_data").symlink_to(ASSETS / "nltk_data")
+    monkeypatch.setenv(node_files.ASSETS_ENV, str(tmp_path / "assets"))
+    assert node_files.nltk_data_dir() == tmp_path / "assets" / "nltk_data" and missing_here(need) is None
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(empty))
+    line = missing_here(need)
+    assert line is not None and "\n" not in line and line.startswith(node_files.MISSING_MARK + node_files.node_name())
+    assert f"NLTK's {node_files.NLTK_RESOURCES[0]} under {empty}" in line and "fetch_assets.py" in line
+
+
+def test_a_node_that_does_not_answer_is_named_and_an_unshared_checkpoint_folder_refused(tmp_path, monkeypatch):
+    """A hung file system (a FIFO nobody writes: reading the marker blocks, as on a stale NFS mount): the check
+    names the node after its timeout instead of waiting forever. A folder whose marker is another run's (a node's
+    own disk keeps an older marker) or missing: refused in one line saying the folder is not shared."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from recipe.mrtpo import checkpoint_shards
+    from recipe.mrtpo.launch_errors import is_launch_error, one_line
+
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        node = ray.nodes()[0]["NodeID"]
+        fifo = tmp_path / "hung" / checkpoint_shards.MARKER_NAME
+        fifo.parent.mkdir()
+        os.mkfifo(fifo)
+        with pytest.raises(TimeoutError) as err:
+            check_every_node([], marker=(str(fifo), "token"), timeout_s=3)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(node_files.NODE_CHECK_MARK) and f"ray node {node[:12]}" in line
+        assert "within 3 s" in line
+        cause = RayTaskError("run", "Traceback ...", TimeoutError(line)).as_instanceof_cause()
+        assert is_launch_error(cause) and one_line(cause) == line  # the driver prints it alone
+        try:  # let the blocked reader go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+        path, token = checkpoint_shards.write_marker(str(tmp_path / "ckpt"))
+        check_every_node([], marker=(path, token), timeout_s=60)  # this node reads it: quiet
+        for marker, seen in (((path, "another run's token"), "sees another marker"),
+                             ((str(tmp_path / "elsewhere" / checkpoint_shards.MARKER_NAME), token), "does not see the marker")):
+            with pytest.raises(FileNotFoundError) as err:
+                check_every_node([], marker=marker, timeout_s=60)
+            line = str(err.value)
+            assert "\n" not in line and line.startswith(node_files.NODE_CHECK_MARK) and " is not shared: node " in line
+            assert seen in line and "CHECKPOINT_ROOT" in line and f"ray node {node[:12]}" in line
+    finally:
+        ray.shutdown()
+
+
+def test_a_checkpoint_folder_the_task_runner_cannot_write_stops_the_run_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from recipe.mrtpo.node_check import check_run
+
+    (tmp_path / "a_file").write_text("")
+    cfg = SimpleNamespace(trainer=SimpleNamespace(save_freq=50, resume_mode="auto",
+                                                  default_local_dir=str(tmp_path / "a_file" / "ckpt")))
+    with pytest.raises(FileNotFoundError) as err:
+        check_run(cfg)
+    line = str(err.value)
+    assert line.startswith(node_files.NODE_CHECK_MARK) and "cannot write its marker" in line and "\n" not in line

@@ -2,9 +2,10 @@
 seeded checker construction, and constraint drawing for data builders.
 
 Part of the instruction-following verifier (:mod:`recipe.mrtpo.tasks.instruction_following`, whose
-docstring describes the rewards). Offline set-up done at import: NLTK finds its data under
-``$MRTPO_NLTK_DATA`` or else ``<repo>/.assets/nltk_data`` (punkt_tab, stopwords; provisioned by
-``run_scripts/setup.sh``), ``nltk.download`` is never called (IFBench's module calls it at import: it
+docstring describes the rewards). Offline set-up done at import: NLTK finds its data under the asset
+root's rule (:func:`recipe.mrtpo.node_files.nltk_data_dir`: ``$MRTPO_NLTK_DATA``, else ``$MRTPO_ASSETS/nltk_data``,
+else ``<repo>/.assets/nltk_data``; punkt_tab, stopwords, provisioned by ``run_scripts/setup.sh``; the node check
+looks for the same resources on every node before the first step), ``nltk.download`` is never called (IFBench's module calls it at import: it
 is disabled for that import), and ``langdetect`` is seeded so that language rewards are deterministic.
 Checkers that draw random arguments draw them from a generator seeded by the id and kwargs.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import threading
 from collections.abc import Iterator, Mapping
@@ -23,23 +23,19 @@ from typing import Any
 
 import nltk
 
+from recipe.mrtpo.node_files import NLTK_DATA_ENV, nltk_data_dir  # noqa: F401 - NLTK_DATA_ENV re-exported
 from recipe.mrtpo.tasks.base import to_plain
 
 _REPO = Path(__file__).resolve().parents[3]
-NLTK_DATA_ENV = "MRTPO_NLTK_DATA"
+#: where the NLTK data is when neither ``$MRTPO_NLTK_DATA`` nor ``$MRTPO_ASSETS`` is set
 DEFAULT_NLTK_DATA = _REPO / ".assets" / "nltk_data"
 
 
-def nltk_data_dir() -> Path:
-    """Where this module makes NLTK look for its data: ``$MRTPO_NLTK_DATA`` or ``<repo>/.assets/nltk_data``."""
-    env = os.environ.get(NLTK_DATA_ENV)
-    return Path(env) if env else DEFAULT_NLTK_DATA
-
-
 def _configure_nltk() -> None:
+    # first in NLTK's search path: the data the node check found is the data the checkers load
     path = str(nltk_data_dir())
     if path not in nltk.data.path:
-        nltk.data.path.append(path)
+        nltk.data.path.insert(0, path)
 
 
 @contextlib.contextmanager
