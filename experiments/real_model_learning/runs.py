@@ -74,12 +74,12 @@ def pass_counts(eval_json: dict) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def evaluate(model: Path, data: Path, out: Path, tokens: int, log=print) -> dict:
-    """``tools.eval --task ifeval`` of ``model`` on ``data`` (greedy, vLLM) into ``out``; returns the result."""
+def evaluate(model: Path, data: Path, out: Path, tokens: int, backend: str = "vllm", log=print) -> dict:
+    """``tools.eval --task ifeval`` of ``model`` on ``data`` (greedy, fp32) into ``out``; returns the result."""
     from recipe.mrtpo.tools.eval.cli import main as eval_main
 
     argv = ["--task", "ifeval", "--model", str(model), "--data", str(data), "--max-new-tokens", str(tokens),
-            "--backend", "vllm", "--dtype", "float32", "--overwrite", "--out", str(out)]
+            "--backend", backend, "--dtype", "float32", "--overwrite", "--out", str(out)]
     log(f"{LOG_PREFIX} $ python -m recipe.mrtpo.tools.eval {' '.join(argv)}")
     if eval_main(argv) != 0:
         raise ExperimentError(f"evaluating {model} on {data} failed (see above)")
@@ -150,15 +150,16 @@ def run_one(a, log=print) -> int:
     if res["ok"]:
         t1 = time.monotonic()
         export_checkpoint(run_dir / "checkpoints", run_dir / "model_trained", a.steps, overwrite=True)
-        heldout = evaluate(run_dir / "model_trained", heldout_data, run_dir / "eval_heldout" / "ifeval.json", C.RESPONSE_LENGTH, log)
+        heldout = evaluate(run_dir / "model_trained", heldout_data, run_dir / "eval_heldout" / "ifeval.json",
+                           C.RESPONSE_LENGTH, a.eval_backend, log)
         walls["heldout_eval"] = time.monotonic() - t1
         if not a.no_ifeval:
             t2 = time.monotonic()
             ifeval = evaluate(run_dir / "model_trained", ifeval_data(out, log), run_dir / "eval" / "ifeval.json",
-                              C.IFEVAL_TOKENS, log)
+                              C.IFEVAL_TOKENS, a.eval_backend, log)
             walls["ifeval_eval"] = time.monotonic() - t2
     walls["total"] = time.monotonic() - t0
-    record = record_of(a.arm, a.seed, res, attempts, steps, run_dir, heldout, ifeval, walls)
+    record = {**record_of(a.arm, a.seed, res, attempts, steps, run_dir, heldout, ifeval, walls), "eval_backend": a.eval_backend}
     (docs / "runs").mkdir(parents=True, exist_ok=True)
     (docs / "runs" / f"{a.arm}_seed{a.seed}.json").write_text(json.dumps(record, indent=1) + "\n")
     write_report_folder(docs / "report_runs" / name, a.arm, a.seed, steps, ifeval)
@@ -166,6 +167,31 @@ def run_one(a, log=print) -> int:
     log(f"{LOG_PREFIX} {name}: {'finished' if record['ok'] else 'FAILED'} (attempts {attempts}); held-out span-read "
         f"{record['heldout']['span_read']}; record {docs / 'runs' / (a.arm + '_seed' + str(a.seed) + '.json')}")
     return 0 if record["ok"] else 1
+
+
+def evaluate_base(a, log=print) -> int:
+    """The initial model on the held-out rows and IFEval, once: ``--docs``/base.json and the report folders (method
+    ``base``), the reference line beside the arms."""
+    from recipe.mrtpo.cpu import smollm2
+
+    out, docs = Path(a.out).resolve(), Path(a.docs)
+    model = smollm2.require()
+    train, heldout_data = build_data(out, log)
+    heldout = evaluate(model, heldout_data, out / "base" / "eval_heldout" / "ifeval.json", C.RESPONSE_LENGTH, a.eval_backend, log)
+    ifeval = None if a.no_ifeval else evaluate(model, ifeval_data(out, log), out / "base" / "eval" / "ifeval.json",
+                                                  C.IFEVAL_TOKENS, a.eval_backend, log)
+    counts = pass_counts(heldout)
+    record = {"model": C.MODEL_NAME, "weights": key_parts(train, model)["weights"], "eval_backend": a.eval_backend,
+              "heldout": {"by_instruction": counts, "span_read": C.span_read_share(counts),
+                          "global": C.span_read_share(counts, C.GLOBAL), "metrics": heldout.get("metrics")},
+              "ifeval": (ifeval or {}).get("metrics")}
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "base.json").write_text(json.dumps(record, indent=1) + "\n")
+    name = f"{C.MODEL_NAME}_{C.TASK}_base"
+    write_report_folder(docs / "report_runs" / name, "base", 0, {}, ifeval)
+    write_report_folder(docs / "report_heldout" / name, "base", 0, {}, heldout)
+    log(f"{LOG_PREFIX} base: held-out span-read {record['heldout']['span_read']}, global {record['heldout']['global']}")
+    return 0
 
 
 def ifeval_data(out: Path, log=print) -> Path:
@@ -205,26 +231,28 @@ def show_plan(a, log=print) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.real_model_learning", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("plan", "run"):
+    for name in ("plan", "run", "base"):
         p = sub.add_parser(name)
         p.add_argument("--out", type=Path, default=REPO / "outputs" / "real_model_learning")
         p.add_argument("--steps", type=int, default=C.STEPS)
-    plan, run = sub.choices["plan"], sub.choices["run"]
+    plan, run, base = sub.choices["plan"], sub.choices["run"], sub.choices["base"]
+    for p in (run, base):
+        p.add_argument("--docs", type=Path, default=DOCS, help="where the record and the report folders are written")
+        p.add_argument("--eval-backend", choices=("vllm", "hf"), default="vllm", help="tools.eval's backend (default vllm)")
+        p.add_argument("--no-ifeval", action="store_true", help="skip the IFEval evaluation (a smoke)")
     plan.add_argument("--arms", nargs="+", default=list(C.ARMS), choices=list(C.ARMS))
     plan.add_argument("--seed", type=int, default=C.PILOT_SEEDS[0])
     plan.add_argument("--model", default=None, help="the model folder named in the overrides (default the asset's)")
     run.add_argument("--arm", required=True, choices=list(C.ARMS))
     run.add_argument("--seed", type=int, required=True)
-    run.add_argument("--docs", type=Path, default=DOCS, help="where the record and the report folders are written")
     run.add_argument("--retries", type=int, default=3, help="attempts of a failing run (default 3)")
     run.add_argument("--timeout", type=float, default=6 * 3600, help="hard limit of the verl run, seconds")
     run.add_argument("--no-lock", action="store_true", help="do not take the machine-wide lock around the run")
-    run.add_argument("--no-ifeval", action="store_true", help="skip the IFEval evaluation (a smoke)")
     run.add_argument("--rerun-changed", action="store_true", help="re-run committed records of another key")
     a = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        return (show_plan if a.cmd == "plan" else run_one)(a, log=lambda m: print(m, flush=True))
+        return {"plan": show_plan, "run": run_one, "base": evaluate_base}[a.cmd](a, log=lambda m: print(m, flush=True))
     except (ExperimentError, FileNotFoundError) as e:
         print(f"{LOG_PREFIX} ERROR: {e}", file=sys.stderr)
         return 2

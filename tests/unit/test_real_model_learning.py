@@ -108,3 +108,51 @@ def test_the_code_key_covers_the_if_verifier_the_grids_does_not():
     assert any(e.startswith(R.CODE_INCLUDE) for e in CODE_EXCLUDE)
     assert R.code_key() != code_fingerprint()["sha256"]
     json.dumps(C.DATA_ARGS)
+
+
+def test_one_run_writes_its_record_and_refuses_to_mix_keys(tmp_path, monkeypatch):
+    """``run`` end to end with verl, the export and the evaluations stubbed: the record, the report folders, and a
+    committed record of another key refused (``--rerun-changed`` re-runs it)."""
+    from types import SimpleNamespace
+
+    import experiments.mini_credit.runs as mini_runs
+    import recipe.mrtpo.cpu.smollm2 as smollm2
+    import recipe.mrtpo.tools.export as export
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    data = tmp_path / "out" / "data"
+    data.mkdir(parents=True)
+    for name in ("train", "test"):
+        (data / f"{name}.parquet").write_bytes(name.encode())
+    monkeypatch.setattr(smollm2, "require", lambda assets=None: model)
+    monkeypatch.setattr(R, "code_key", lambda: "code1")
+    monkeypatch.setattr(R, "evaluate", lambda *a, **k: EVAL)
+    monkeypatch.setattr(R, "ifeval_data", lambda out, log=print: tmp_path / "ifeval.parquet")
+    monkeypatch.setattr(export, "export_checkpoint", lambda *a, **k: {})
+    ran = []
+
+    def fake_verl(method, seed, overrides, model, run_dir, steps, timeout_s, info, **k):
+        ran.append((method, seed))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "main_mrtpo.log").write_text("step:1 - mrtpo/reward/startend:end_checker/mean:0.250 - timing_s/step:80.0\n")
+        return {"ok": True, "key": "k1", "key_parts": k["key_parts"], "steps_logged": [1], "wall_s": 5.0, "log": "main_mrtpo.log"}
+
+    monkeypatch.setattr(mini_runs, "run_verl", fake_verl)
+    docs = tmp_path / "docs"
+    ns = SimpleNamespace(out=tmp_path / "out", docs=docs, arm="mrtpo", seed=100, steps=1, retries=1, timeout=10.0,
+                         no_lock=True, no_ifeval=False, rerun_changed=False, eval_backend="vllm")
+    assert R.run_one(ns, log=lambda m: None) == 0 and ran == [("mrtpo", 100)]
+    rec = json.loads((docs / "runs" / "mrtpo_seed100.json").read_text())
+    assert rec["ok"] and rec["key_parts"]["code"] == "code1" and rec["heldout"]["span_read"] == pytest.approx(3 / 4)
+    assert rec["metrics"]["mrtpo/reward/startend:end_checker/mean"] == {"1": 0.25} and rec["eval_backend"] == "vllm"
+    name = C.run_name("mrtpo", 100)
+    assert (docs / "report_runs" / name / "metrics.jsonl").is_file() and (docs / "report_heldout" / name / "eval" / "ifeval.json").is_file()
+    monkeypatch.setattr(R, "code_key", lambda: "code2")
+    ns.seed = 101
+    assert R.main(["run", "--arm", "gdpo", "--seed", "101", "--out", str(tmp_path / "out"), "--docs", str(docs),
+                   "--no-lock", "--steps", "1"]) == 2  # refused: the committed record ran code1
+    assert ran == [("mrtpo", 100)]
+    ns.rerun_changed = True
+    assert R.run_one(ns, log=lambda m: None) == 0 and ran[-1] == ("mrtpo", 101)
