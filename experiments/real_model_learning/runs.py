@@ -74,15 +74,24 @@ def pass_counts(eval_json: dict) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
+#: tools.eval's vLLM engine on CPU: the share of memory it may reserve (the rollout's, ``cpu_overrides``); its default
+#: 0.9 is refused on a machine where other processes hold memory
+VLLM_CPU_MEMORY = "0.3"
+
+
 def evaluate(model: Path, data: Path, out: Path, tokens: int, backend: str = "vllm", log=print) -> dict:
-    """``tools.eval --task ifeval`` of ``model`` on ``data`` (greedy, fp32) into ``out``; returns the result."""
-    from recipe.mrtpo.tools.eval.cli import main as eval_main
+    """``python -m recipe.mrtpo.tools.eval --task ifeval`` of ``model`` on ``data`` (greedy, fp32) into ``out``, in the
+    CPU runs' environment (``cpu_env``: vLLM's fixed KV cache, no thread pinning); returns the result."""
+    from recipe.mrtpo.cpu.runtime import cpu_env
 
     argv = ["--task", "ifeval", "--model", str(model), "--data", str(data), "--max-new-tokens", str(tokens),
             "--backend", backend, "--dtype", "float32", "--overwrite", "--out", str(out)]
+    if backend == "vllm":
+        argv += ["--gpu-memory-utilization", VLLM_CPU_MEMORY]
     log(f"{LOG_PREFIX} $ python -m recipe.mrtpo.tools.eval {' '.join(argv)}")
-    if eval_main(argv) != 0:
-        raise ExperimentError(f"evaluating {model} on {data} failed (see above)")
+    r = subprocess.run([sys.executable, "-m", "recipe.mrtpo.tools.eval", *argv], cwd=REPO, env=cpu_env(REPO))
+    if r.returncode != 0:
+        raise ExperimentError(f"evaluating {model} on {data} failed (exit {r.returncode}; its output above)")
     return json.loads(Path(out).read_text())
 
 
