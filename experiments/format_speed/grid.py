@@ -76,17 +76,17 @@ RECORD_METRICS = ("mrtpo/reward/format/mean", "mrtpo/reward/correctness/mean", "
                   "mrtpo/adv_top_share_mean", "mrtpo/weight_max", "mrtpo/beta", "response_length/mean")
 
 
-def code_fingerprint(repo: Path = REPO) -> dict:
+def code_fingerprint(repo: Path = REPO, exclude: tuple[str, ...] = CODE_EXCLUDE) -> dict:
     """``{"sha256", "files", "packages"}``: SHA-256 over the sorted (path, file SHA-256) of every ``.py`` and
-    ``.yaml`` file under :data:`CODE_ROOTS` but :data:`CODE_EXCLUDE`, and the installed versions of
-    :data:`PACKAGES`."""
+    ``.yaml`` file under :data:`CODE_ROOTS` but ``exclude`` (the grid's :data:`CODE_EXCLUDE`; another experiment
+    keeps the code its runs execute), and the installed versions of :data:`PACKAGES`."""
     from importlib import metadata
 
     h, n = hashlib.sha256(), 0
     for root in CODE_ROOTS:
         for path in sorted(Path(repo, root).rglob("*")):
             rel = path.relative_to(repo).as_posix()
-            if path.suffix not in (".py", ".yaml") or "__pycache__" in rel or rel.startswith(CODE_EXCLUDE):
+            if path.suffix not in (".py", ".yaml") or "__pycache__" in rel or rel.startswith(exclude):
                 continue
             h.update(f"{rel}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
             n += 1

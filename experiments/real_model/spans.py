@@ -37,7 +37,8 @@ def sentences(prompt: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(prompt) if s.strip()]
 
 
-def _cue(iid: str, kw: dict, sentence: str) -> bool:
+def has_cue(iid: str, kw: dict, sentence: str) -> bool:
+    """Whether ``sentence`` carries the cue of type ``iid`` (the plan's table)."""
     s = sentence.lower()
     if iid == "startend:end_checker":
         phrase = str(kw.get("end_phrase") or "").lower().strip()
@@ -69,7 +70,7 @@ def locate_z(iid: str, kw: dict, prompt: str, verbatim: str = "") -> list[str]:
         return [verbatim]
     if iid not in SPAN_TYPES:
         return []
-    found = [s for s in sentences(prompt) if _cue(iid, kw, s)]
+    found = [s for s in sentences(prompt) if has_cue(iid, kw, s)]
     if iid == "combination:repeat_prompt":
         body = str(kw.get("prompt_to_repeat") or "")
         found = [s for s in found if s not in body]

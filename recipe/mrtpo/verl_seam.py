@@ -233,6 +233,18 @@ DISTILLATION_SOURCES = {
 }
 
 
+#: the experiments' data order (``experiments/real_model_learning``: every arm of a seed trains on the same prompts in
+#: the same order): verl's sampler shuffles with a generator seeded by ``data.seed`` when ``data.shuffle``.
+DATA_ORDER_SOURCES = {
+    "verl.trainer.ppo.utils:create_rl_sampler": "8ef5762e91157c9fbd12109add871c53b05854c0bbae81e4647f4a48bdfc68a2",
+}
+
+
+def check_data_order_sources() -> list[str]:
+    """The :data:`DATA_ORDER_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
+    return changed_sources(DATA_ORDER_SOURCES)
+
+
 def check_distillation_sources() -> list[str]:
     """The :data:`DISTILLATION_SOURCES` whose installed source is not the pinned one (empty: all as in 0.9.1)."""
     return changed_sources(DISTILLATION_SOURCES)

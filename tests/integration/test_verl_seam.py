@@ -97,6 +97,12 @@ def test_the_self_teachers_distillation_path_is_verl_0_9_1s():
     assert "self.actor.set_loss_fn(self.loss_fn)" in init  # what worker.update_actor calls with the recipe's loss
 
 
+def test_the_data_order_the_experiments_pair_on_is_verls_seeded_sampler():
+    assert verl_seam.check_data_order_sources() == [], "verl changed: re-check experiments/real_model_learning (data.seed)"
+    src = named_source("verl.trainer.ppo.utils:create_rl_sampler")
+    assert 'seed = data_config.get("seed")' in src and "train_dataloader_generator.manual_seed(seed)" in src
+
+
 def test_the_mirrored_numerics_lines_are_upstream():
     fwd = named_source("verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.forward_step")
     for line in ('autocast_dtype = getattr(self, "_autocast_dtype", torch.bfloat16)',

