@@ -12,7 +12,9 @@ it applies, idempotently:
 - ``cpu_gemm_live_weight``: vLLM computes Linear layers from the live weight, so verl's weight sync
   reaches the sampler; see :mod:`verl_patches.vllm_cpu`;
 - ``fsdp2_offload_unpinned``: FSDP2's CPU offload policy (verl's reference worker) without pinned memory,
-  which needs an accelerator; see :mod:`verl_patches.fsdp_offload`.
+  which needs an accelerator; see :mod:`verl_patches.fsdp_offload`;
+- ``trl_value_head_optional``: verl's TRL check means "TRL has its value-head model", so the TRL adapter's
+  TRL (1.16, no value head) beside verl does not break every actor build; see :mod:`verl_patches.trl_value_head`.
 
 Importing it on a host with a GPU, or with ``VERL_PLATFORM`` set to anything but ``cpu``, raises: these
 patches slow vLLM down and swap the platform, and must never apply to a GPU run by accident. The
@@ -25,9 +27,9 @@ import os
 
 import torch
 
-from . import cpu_platform, distributed, fsdp_offload, vllm_cpu
+from . import cpu_platform, distributed, fsdp_offload, trl_value_head, vllm_cpu
 
-APPLIED = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned")
+APPLIED = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned", "trl_value_head_optional")
 
 
 def apply() -> None:
@@ -48,6 +50,7 @@ def apply() -> None:
     vllm_cpu.apply_vllm_version_lookup()
     vllm_cpu.apply_cpu_gemm_live_weight()
     fsdp_offload.apply()
+    trl_value_head.apply()
 
 
 def applied() -> dict[str, bool]:
@@ -58,6 +61,7 @@ def applied() -> dict[str, bool]:
         "vllm_version_lookup": vllm_cpu.vllm_version_lookup_applied(),
         "cpu_gemm_live_weight": vllm_cpu.cpu_gemm_live_weight_applied(),
         "fsdp2_offload_unpinned": fsdp_offload.applied(),
+        "trl_value_head_optional": trl_value_head.applied(),
     }
 
 

