@@ -262,18 +262,3 @@ def test_the_floor_keeps_verls_settings_without_a_dynamic_batch_size():
                                                                   "log_prob_max_token_len_per_gpu": 4096}}})
     assert verl_seam.floor_settings(dynamic, [100, 3500]) == {"max_token_len_per_gpu": 3500}  # never below the longest
     assert floor_token_budget(4096, 100) == 3072
-
-
-def test_the_floors_reliance_on_verl_is_pinned():
-    """verl's worker takes the call's micro-batch settings from its ``extra_info`` where given, and splits rows by
-    length (``verl_seam.FLOOR_SOURCES``); a row whose mask is written 0 leaves the loss (``ROW_MASK_SOURCES``)."""
-    from recipe.mrtpo import verl_seam
-    from recipe.mrtpo.source_pins import named_source
-
-    assert verl_seam.check_floor_sources() == []
-    infer = named_source("verl.workers.engine_workers:TrainingWorker.infer_batch")
-    assert "max_token_len_per_gpu=self.engine_config.infer_max_token_len_per_gpu" in infer
-    assert "if key not in data.keys():" in infer
-    assert 'data["loss_mask"] = data["response_mask"]' in named_source("verl.workers.utils.padding:left_right_2_no_padding")
-    assert 'batch_num_tokens = data["loss_mask"].sum()' in named_source(
-        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.forward_backward_batch")
