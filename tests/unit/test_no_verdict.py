@@ -190,6 +190,20 @@ def test_which_executor_errors_are_the_environments(make, env):
     assert sql_environment_fault(make()) is env
 
 
+def _coded(cls, message: str, code: int):
+    e = cls(message)
+    e.sqlite_errorcode = code
+    return e
+
+
+@pytest.mark.parametrize("code, env", [(266, True), (1802, True), (14, True), (26, True), (13, False), (3082, False),
+                                       (7, False), (9, False), (1, False), (23, False)])
+def test_sqlite_codes_the_node_owns_and_those_a_query_can_cause(code, env):
+    """IOERR_READ and IOERR_FSTAT (how a stale NFS handle surfaces), CANTOPEN, NOTADB are the node's; FULL
+    (temporary tables), IOERR_NOMEM, NOMEM, INTERRUPT (the time limit), ERROR, AUTH are a query's doing."""
+    assert sql_environment_fault(_coded(sqlite3.OperationalError, "x", code)) is env
+
+
 def test_sqlites_own_codes_classify_the_errors(tmp_path):
     path = _db(tmp_path / "x.sqlite")
     con = sqlite3.connect(path)

@@ -141,8 +141,10 @@ def check_statement(sql: str) -> Optional[str]:
 
 
 #: SQLite's primary result codes of a database the connection cannot open or read, whatever the statement:
-#: PERM, BUSY, LOCKED, IOERR (ESTALE and every I/O error of NFS), CORRUPT, FULL, CANTOPEN, PROTOCOL, NOLFS, NOTADB
-_ENVIRONMENT_CODES = frozenset({3, 5, 6, 10, 11, 13, 14, 15, 22, 26})
+#: PERM, BUSY, LOCKED, IOERR (ESTALE and every I/O error of NFS), CORRUPT, CANTOPEN, PROTOCOL, NOLFS, NOTADB. Not FULL
+#: (a query's temporary tables can fill the disk) nor IOERR_NOMEM (3082: memory the query exhausted): the statement's
+_ENVIRONMENT_CODES = frozenset({3, 5, 6, 10, 11, 14, 15, 22, 26})
+_STATEMENT_EXTENDED_CODES = frozenset({3082})
 #: the same errors by their messages, for an error that carries no code
 _ENVIRONMENT_MESSAGES = ("unable to open database file", "disk i/o error", "database disk image is malformed",
                          "file is not a database", "database is locked", "database table is locked")
@@ -152,14 +154,14 @@ def environment_fault(exc: BaseException) -> bool:
     """Whether ``exc``, raised while running a statement, is the environment's fault rather than the statement's:
     an ``OSError``, or a SQLite error whose primary code (or message) says the database file cannot be opened or
     read (``_ENVIRONMENT_CODES``). A syntax error, a missing table or column, the authorizer's refusal, a time-out
-    (``interrupted``), a value too big or memory exhausted by the query are the statement's."""
+    (``interrupted``), a value too big, memory or temporary disk exhausted by the query are the statement's."""
     if isinstance(exc, OSError):
         return True
     if not isinstance(exc, sqlite3.Error):
         return False
     code = getattr(exc, "sqlite_errorcode", None)
     if isinstance(code, int):
-        return (code & 0xFF) in _ENVIRONMENT_CODES
+        return (code & 0xFF) in _ENVIRONMENT_CODES and code not in _STATEMENT_EXTENDED_CODES
     return str(exc).strip().lower() in _ENVIRONMENT_MESSAGES
 
 
