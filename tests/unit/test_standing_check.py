@@ -203,16 +203,17 @@ def test_row_means_leave_out_padding_rows_and_empty_rows():
 # ------------------------------------------------------------------ the floor repacks, through verl's own dispatch
 def _placements(lengths: list[int], dp: int, order: list[int], budget: int) -> dict:
     """Each row's micro-batch (the rows it is forwarded with) and token offset in it, as verl 0.9.1 places the batch
-    in ``order``: contiguous chunks per data-parallel rank (TransferQueue's ``BatchMeta.chunk``), then each rank's
-    rows split by the engine's own ``prepare_micro_batches`` under a dynamic batch size at ``budget`` tokens."""
-    import numpy as np
+    in ``order``: TransferQueue's ``BatchMeta.chunk`` over the data-parallel ranks (what verl's dispatch calls on
+    the batch), then each rank's rows split by the engine's own ``prepare_micro_batches`` under a dynamic batch
+    size at ``budget`` tokens."""
     from tensordict import TensorDict
+    from transfer_queue.metadata import BatchMeta
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine.utils import prepare_micro_batches
 
     out = {}
-    for chunk in np.array_split(np.arange(len(order)), dp):
-        rows = [order[i] for i in chunk]
+    for chunk in BatchMeta(global_indexes=list(order), partition_ids=["train"] * len(order)).chunk(dp):
+        rows = list(chunk.global_indexes)
         ids = torch.nested.as_nested_tensor([torch.ones(lengths[r], dtype=torch.long) for r in rows], layout=torch.jagged)
         td = TensorDict({"input_ids": ids}, batch_size=[len(rows)])
         tu.assign_non_tensor(td, use_dynamic_bsz=True, max_token_len_per_gpu=budget)
