@@ -34,8 +34,8 @@ and prints ``replay / (NV x olp rmpad)`` (1.0: each variant costs one of verl's 
 memory. Then, on the mix: the compiled against the eager JS (max |dq|), the replay's log-probs of P_all
 against the remove-padding old_log_prob (the consistency the trainer logs, mean / p99 / max), the trainer's
 standing check at ``--check-temperatures`` (the fused pass's old log-probs against verl's ``forward_step``
-numerics: autocast, the temperature divided in the logits' dtype, fp32 log-probs; against the threshold the
-trainer warns above), and the noise
+numerics: autocast, the temperature divided in the logits' dtype, fp32 log-probs; the largest row mean against
+the threshold the trainer's check fails above), and the noise
 floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a longer sequence, and the q of
 a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
 
@@ -266,7 +266,8 @@ def fused_check(model, mix: dict, args, temperature: float) -> dict:
     key = "fp32" if args.dtype == "fp32" else "bf16"
     m, warn = standing_check(fused, verl, verl_rev, mask, None, FUSED_CHECK_THRESHOLDS[key])
     return {"d": (fused - verl).abs()[mask > 0], "floor": (verl_rev - verl).abs()[mask > 0], "layout": layout, "key": key,
-            "threshold": m["mrtpo/consistency/fused_check_threshold"], "warn": warn}
+            "threshold": m["mrtpo/consistency/fused_check_threshold"], "warn": warn,
+            "row_max": m["mrtpo/consistency/fused_vs_verl_row_max"], "floor_row_max": m["mrtpo/consistency/verl_vs_verl_row_max"]}
 
 
 def best_time(fn, repeats: int, device: str):
@@ -430,7 +431,8 @@ def bench_if_mix(model, args, g: torch.Generator) -> dict:
         ok = "ABOVE (the check would warn)" if chk["warn"] else "ok"
         print(f"mix: fused check at temperature {t}: fused old_log_probs ({chk['layout']}) vs verl's forward_step numerics, "
               f"|d| over {chk['d'].numel()} tokens: {_stats(chk['d'])}; floor (verl's numerics vs themselves on the rows "
-              f"reversed): {_stats(chk['floor'])}; {ok}: threshold 2 x floor + {chk['key']} tolerance = {chk['threshold']:.2e}")
+              f"reversed): {_stats(chk['floor'])}; largest row mean {chk['row_max']:.2e} (floor's {chk['floor_row_max']:.2e}); "
+              f"{ok}: threshold 2 x the floor's largest row mean + {chk['key']} tolerance = {chk['threshold']:.2e}")
     floor = noise_floor(hf_forward(model), args.vocab, args.floor_rows, args.prompt_len[1], args.floor_response_len,
                         args.prompt_len[1] + args.floor_response_len + 256, 16, 0.5, device=args.device)
     print(f"noise floor of q over {floor['positions']} positions (P_all against itself beside a longer sequence, random "

@@ -14,9 +14,12 @@ and contexts travel as one JSON object under fixed keys of ``reward_extra_info``
 the advantage step uses directly. No verl import.
 
 A verifier that raised because a file it reads was not on its node (the error holds
-:func:`recipe.mrtpo.node_files.missing_line`: a database that vanished mid-run) did not judge the response at
-all: the row is not scored 0 but left out of the advantage (:func:`advantage_mask`): its scores stay absent
-(NaN), so it enters no group's statistics, and its advantage is exactly 0 (counted: ``mrtpo/missing_files``).
+:func:`recipe.mrtpo.node_files.missing_line`: a database that vanished mid-run), or raised ``NoVerdict`` (the error
+holds ``verdict.NO_VERDICT_MARK``: an asset of the node missing, a database it cannot read, a gold query that
+failed), did not judge the response at all: the row is not scored 0 but taken out (``RewardTable.rows_out``): its
+scores stay absent (NaN), so it enters no group's statistics, its advantage is exactly 0 and its response mask 0
+(:func:`advantage_mask`: the trainer writes that mask back, so the row leaves the loss, its KL and entropy terms and
+the token-mean denominator too). Counted: ``mrtpo/missing_files``, ``mrtpo/no_verdict``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from recipe.mrtpo.node_files import is_missing_file
+from recipe.mrtpo.verdict import is_no_verdict
 
 SCORES_KEY = "mrtpo_rewards"
 CONTEXTS_KEY = "mrtpo_contexts"
@@ -99,7 +103,8 @@ class RewardTable:
     """The batch's per-reward scores and verifier information, parsed once.
 
     names: the K reward names (sorted union over the batch); scores: [B, K] (NaN = absent; a sample whose
-    verifier raised has 0 on its group's rewards, unless it raised on a missing file: NaN on every reward);
+    verifier raised has 0 on its group's rewards, unless it raised without a verdict, a missing file or
+    ``NoVerdict``: NaN on every reward);
     contexts: per sample {name: {"text", "placement"}}; errors: per sample verifier error ("" if none); raised:
     per sample, the verifier raised (no scores at all; a checker that failed on one reward leaves an error but
     its scores).
@@ -126,15 +131,27 @@ class RewardTable:
 
     @property
     def missing_files(self) -> list[bool]:
-        """Per sample: the verifier raised on a file missing on its node (module docstring): out of the advantage."""
+        """Per sample: the verifier raised on a file missing on its node (module docstring): taken out."""
         return [bool(r) and is_missing_file(e) for e, r in zip(self.errors, self.raised)]
+
+    @property
+    def no_verdict(self) -> list[bool]:
+        """Per sample: the verifier raised ``NoVerdict`` (not a missing file; module docstring): taken out."""
+        return [bool(r) and is_no_verdict(e) and not is_missing_file(e) for e, r in zip(self.errors, self.raised)]
+
+    @property
+    def rows_out(self) -> torch.Tensor:
+        """[B] bool: the rows without a verdict (:attr:`missing_files` or :attr:`no_verdict`), taken out of the step."""
+        return torch.tensor([a or b for a, b in zip(self.missing_files, self.no_verdict)], dtype=torch.bool)
 
 
 def advantage_mask(response_mask: torch.Tensor, out_rows) -> torch.Tensor:
     """The response mask with the rows ``out_rows`` ([B] bool) zeroed: mask'[i, t] = mask[i, t] * (1 - out_i).
 
     Every method's advantage is masked by it (0 on those rows) and verl's batch whitening runs over the other
-    rows' tokens only, so a row whose verifier could not judge it moves no other row's advantage."""
+    rows' tokens only, so a row whose verifier could not judge it moves no other row's advantage; written back as
+    the batch's ``response_mask`` it also takes the row out of the update's loss (policy, KL, entropy terms and
+    the token-mean denominator all read that mask)."""
     out = torch.as_tensor(out_rows, dtype=torch.bool, device=response_mask.device).reshape(-1)
     if out.numel() != response_mask.shape[0]:
         raise ValueError(f"out_rows has {out.numel()} entries for {response_mask.shape[0]} rows")
@@ -148,7 +165,8 @@ def read_reward_table(extras: Sequence[dict], index) -> RewardTable:
     scores = scores_matrix(per_sample, names)
     errors = [str(e.get(ERROR_KEY) or "") for e in extras]
     errored = [bool(err) and not _parse(s) for err, s in zip(errors, per_sample)]
-    # a missing file: no verdict, so no score (NaN: out of its group's statistics), never a 0
-    scores = fill_errored_samples(scores, [r and not is_missing_file(e) for r, e in zip(errored, errors)], index)
+    # no verdict (a missing file, NoVerdict): no score (NaN: out of its group's statistics), never a 0
+    judged = [not (is_missing_file(e) or is_no_verdict(e)) for e in errors]
+    scores = fill_errored_samples(scores, [r and j for r, j in zip(errored, judged)], index)
     contexts = [_parse(e.get(CONTEXTS_KEY) or "{}") for e in extras]
     return RewardTable(names=names, scores=scores, contexts=contexts, errors=errors, raised=errored)

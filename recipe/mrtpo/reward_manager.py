@@ -23,10 +23,12 @@ trainer logs it, counts ``mrtpo/batches_without_scores`` and trains the batch wi
 that fails on one reward keeps the sample's other scores (the verifier scored that one 0) and is counted
 apart, as ``mrtpo/checker_errors``. A verifier that raised because a file it reads is missing on its node (a SQL
 database that vanished mid-run: the error is :func:`recipe.mrtpo.node_files.missing_line`, naming the file and the
-node) judged nothing: the trainer does not score it 0 but leaves the row out of the advantage (no score, so out of
-its group's statistics; an advantage of exactly 0; ``reward_extras.advantage_mask``), counts ``mrtpo/missing_files``
-(not ``mrtpo/verifier_errors``) and logs the line; GRPO, whose advantage is verl's own step on the one scalar, stops
-the run with that line instead of training on a 0.
+node), or raised ``NoVerdict`` (``recipe.mrtpo.verdict``: NLTK data missing on the node, a database it cannot read, a
+gold query that failed), judged nothing: the trainer does not score it 0 but takes the row out of the step (no
+score, so out of its group's statistics; an advantage of exactly 0; its response mask written 0, so out of the loss;
+``reward_extras.advantage_mask``), counts ``mrtpo/missing_files`` or ``mrtpo/no_verdict`` (not
+``mrtpo/verifier_errors``; ``mrtpo/rows_out`` both) and logs the line; GRPO, whose advantage is verl's own step on the
+one scalar, stops the run with that line instead of training on a 0.
 
 A task registered with a ``record_field`` (BFCL multi-turn: ``bfcl_trajectory``) is not handed the decoded
 response: a multi-turn response holds tool output and injected user turns the model never wrote. Its verifier

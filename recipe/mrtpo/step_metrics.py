@@ -48,10 +48,11 @@ def reward_metrics(table: RewardTable, valid=None) -> dict:
         metrics[f"mrtpo/reward/{name}/mean"] = float(col.mean()) if col.numel() else float("nan")
         metrics[f"mrtpo/reward/{name}/count"] = int(col.numel())
     # a verifier that raised (the row has no scores) apart from a checker that failed on one reward (scored 0),
-    # and apart from a file missing on the verifier's node (no verdict: the row leaves the advantage)
-    missing = table.missing_files
-    metrics["mrtpo/verifier_errors"] = float(sum(1 for r, m, v in zip(table.raised, missing, keep.tolist()) if r and v and not m))
+    # and apart from no verdict (a file missing on the verifier's node, NoVerdict: the row leaves the step)
+    missing, no_verdict, out = table.missing_files, table.no_verdict, table.rows_out.tolist()
+    metrics["mrtpo/verifier_errors"] = float(sum(1 for r, o, v in zip(table.raised, out, keep.tolist()) if r and v and not o))
     metrics["mrtpo/missing_files"] = float(sum(1 for m, v in zip(missing, keep.tolist()) if m and v))
+    metrics["mrtpo/no_verdict"] = float(sum(1 for m, v in zip(no_verdict, keep.tolist()) if m and v))
     metrics["mrtpo/checker_errors"] = float(sum(1 for e, r, v in zip(table.errors, table.raised, keep.tolist()) if e and not r and v))
     # of those, rows whose agent-loop record (multi-turn) was missing or malformed: every reward 0
     metrics["mrtpo/record_errors"] = float(sum(1 for e, v in zip(table.record_errors, keep.tolist()) if e and v))

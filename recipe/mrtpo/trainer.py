@@ -43,13 +43,13 @@ from recipe.mrtpo import methods, verl_seam
 from recipe.mrtpo.checkpoint_shards import RESUME_MARK, record_save, resume_refusal
 from recipe.mrtpo.config import MRTPOConfig, mrtpo_config
 from recipe.mrtpo.core.seeding import submission_order
-from recipe.mrtpo.core.standing_check import FUSED_CHECK_THRESHOLDS, standing_check
 from recipe.mrtpo.dump import SPANS_KEY, DumpError, RelevanceDump, loop_spans, write_dump
 from recipe.mrtpo.methods import AdvantageInputs, Method, StepContext, gdpo_advantage
 from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
 from recipe.mrtpo.replay_driver import ReplayResult, run_replay
 from recipe.mrtpo.reward_extras import RewardTable, advantage_mask, read_reward_table, reward_extras
 from recipe.mrtpo.rollout_render import RolloutRender
+from recipe.mrtpo.standing_step import fused_check_failed, verl_passes
 from recipe.mrtpo.step_metrics import concentration, padding_rows, reward_metrics
 from recipe.mrtpo.step_plan import StepPlan, plan_step
 from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
@@ -179,8 +179,8 @@ class MRTPOTrainer(PPOTrainerSync):
                 valid = ~padding_rows(batch, None) if len(getattr(batch, "tags", None) or []) == len(extras) else None
                 table = read_reward_table(extras, np.arange(len(extras)))
                 metrics.update(reward_metrics(table, valid))
-                if any(table.missing_files):  # verl's step sees one scalar, 0 for such a row, and cannot leave it out
-                    raise RuntimeError(next(e for e, m in zip(table.errors, table.missing_files) if m)
+                if table.rows_out.any():  # verl's step sees one scalar, 0 for such a row, and cannot leave it out
+                    raise RuntimeError(next(e for e, m in zip(table.errors, table.rows_out) if m)
                                        + f" (step {self.global_steps}: verl's {method.estimator} step would train on a 0)")
             return super()._compute_advantage(batch, metrics)
 
@@ -207,15 +207,16 @@ class MRTPOTrainer(PPOTrainerSync):
         elif plan.replay_skipped:
             metrics["mrtpo/replay_skipped"] = 1.0  # strength 0 (warm-up start) or replay disabled: plain GDPO
 
-        out_rows = torch.tensor(table.missing_files, dtype=torch.bool)  # no verdict: out of the advantage, exactly 0
+        out_rows = table.rows_out  # no verdict: out of the advantage (exactly 0) and of the loss (mask written 0)
+        metrics["mrtpo/rows_out"] = int((out_rows & valid).sum())
         if out_rows.any():
-            logger.warning("mrtpo: step %s: %d rows left out of the advantage, their verifier's file missing: %s",
+            logger.warning("mrtpo: step %s: %d rows taken out of the step, their verifier without a verdict: %s",
                            self.global_steps, int(out_rows.sum()), next(e for e, m in zip(table.errors, out_rows) if m))
         mask = advantage_mask(ab.response_mask.float(), out_rows)
         inputs = AdvantageInputs(cfg, table, ab.uid, mask, valid & ~out_rows, plan.step, plan.strength, replay,
                                  ab.data.batch.get("old_log_probs", None))
         adv = self._advantage(method, inputs, metrics) if (valid & ~out_rows).any() else torch.zeros_like(mask)  # all rows out
-        out = verl_seam.write_advantages(batch, ab, adv, adv)
+        out = verl_seam.write_advantages(batch, ab, adv, adv, response_mask=mask if out_rows.any() else None)
         if plan.teacher_pass:
             _, row_render, _ = self._planner_renders(self._row_tools(batch, len(ab.uid)))  # the rows' tools, as the rollout's
             out = method.after_step(StepContext(self.config, cfg, batch, metrics, table, fields, self.tokenizer,
@@ -308,46 +309,24 @@ class MRTPOTrainer(PPOTrainerSync):
         """verl's old_log_prob step, fused with the replay where the replay runs (``StepPlan.fuse_old_log_prob``):
         one pass engine forward per distinct sequence gives the relevance and verl's ``old_log_probs`` and
         ``entropy`` (a replayed variant that is the rollout prompt is not forwarded twice); written back as
-        verl writes them (``verl_seam.write_old_log_probs``). ``_replay`` then returns that result."""
+        verl writes them (``verl_seam.write_old_log_probs``). ``_replay`` then returns that result. On a standing
+        check's step (``StepPlan.standing_check``) verl's own old_log_prob runs first, and again packed otherwise
+        (the floor); a failed check trains the step on verl's own log-probs and entropy (``standing_step``)."""
         self._fused_replay = None
         plan = self.plan
         if not plan.fuse_old_log_prob:
             return super()._compute_old_log_prob(batch, metrics)
-        check = plan.standing_check  # mrtpo.fused_check_every: the run's first fused step, then every N
-        # the standing check: verl's own old_log_prob first (its calls write log_probs / entropy; the fused step's
-        # entropy is written after them), then once more on the rows in reverse order (packed otherwise: the floor
-        # rounding alone reaches), the fused pass's compared with both below
-        verl_lp = verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg) if check else None
-        verl_lp2 = (verl_seam.verl_old_log_probs(self.config, batch, self.actor_rollout_wg, order=list(range(len(batch)))[::-1])
-                    if check else None)
         ob = verl_seam.read_old_log_prob_batch(self.config, batch)
-        extras = reward_extras(_tolist(verl_seam.fetch_fields(batch, ["extra_fields"])["extra_fields"]))
-        table = read_reward_table(extras, ob.uid)
-        result = self._run_replay(batch, ob, table, fused=True)
+        meta = verl_seam.fetch_fields(batch, ["raw_prompt", "prompts", "extra_fields"])
+        verl = verl_passes(self.config, batch, self.actor_rollout_wg, ob, _rows(meta["prompts"])) if plan.standing_check else None
+        table = read_reward_table(reward_extras(_tolist(meta["extra_fields"])), ob.uid)
+        result = self._run_replay(batch, ob, table, fused=True, fields=meta)
         self._fused_replay = (list(batch.keys), result)
-        if verl_lp is not None:
-            self._fused_check(result.old_log_probs, verl_lp, verl_lp2, ob, batch, metrics)
-        return verl_seam.write_old_log_probs(self.config, batch, ob, result.old_log_probs, result.entropy, metrics)
-
-    def _fused_check(self, fused: torch.Tensor, verl_lp: torch.Tensor, verl_lp2: Optional[torch.Tensor], ob, batch,
-                     metrics: dict) -> None:
-        """Log ``mrtpo/consistency/*`` and warn in one line above the step's floor (``core.standing_check``)."""
-        from omegaconf import OmegaConf
-
-        dtype = OmegaConf.select(self.config, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", default=None)
-        key = "fp32" if str(dtype or "bf16") in ("fp32", "float32", "float") else "bf16"  # verl's default: bf16
-        m, warn = standing_check(fused, verl_lp, verl_lp2, ob.response_mask, ~padding_rows(batch, ob.uid),
-                                 FUSED_CHECK_THRESHOLDS[key])
-        metrics.update(m)
-        if warn:
-            logger.warning("mrtpo: step %s: the fused old_log_probs differ from verl's own by %.3g on average (max %.3g) "
-                           "over %d tokens, above the %s threshold %.3g (2 x verl's own floor %.3g under another packing "
-                           "+ %.0e): check the replay's numerics (docs/fused_pass.md)",
-                           self.global_steps, m["mrtpo/consistency/fused_vs_verl_mean"],
-                           m.get("mrtpo/consistency/fused_vs_verl_max", 0.0), m["mrtpo/consistency/fused_vs_verl_tokens"],
-                           key, m["mrtpo/consistency/fused_check_threshold"], m["mrtpo/consistency/verl_vs_verl_mean"],
-                           FUSED_CHECK_THRESHOLDS[key])
-            metrics["mrtpo/consistency/fused_vs_verl_warning"] = 1
+        log_probs, entropy = result.old_log_probs, result.entropy
+        if verl is not None and fused_check_failed(self.config, result.old_log_probs, verl, ob.response_mask,
+                                                   ~padding_rows(batch, ob.uid), metrics, self.global_steps):
+            log_probs, entropy = verl[0], verl[1]  # the check failed: this step trains on verl's own numbers
+        return verl_seam.write_old_log_probs(self.config, batch, ob, log_probs, entropy, metrics)
 
     def _replay(self, batch, ab: verl_seam.AdvantageBatch, table: RewardTable, fields: Optional[dict] = None) -> ReplayResult:
         fused, self._fused_replay = getattr(self, "_fused_replay", None), None

@@ -136,14 +136,21 @@ def read_advantage_batch(config, batch, metrics: dict) -> AdvantageBatch:
     return AdvantageBatch(data=data, response_mask_nested=response_mask, rollout_correction=bool(rollout_correction))
 
 
-def write_advantages(batch, adv_batch: AdvantageBatch, advantages: torch.Tensor, returns: torch.Tensor):
+def write_advantages(batch, adv_batch: AdvantageBatch, advantages: torch.Tensor, returns: torch.Tensor,
+                     response_mask: Optional[torch.Tensor] = None):
     """Step 4 of verl's advantage step: nested ``advantages``/``returns`` (and the rollout-correction
-    fields) back to TransferQueue. Returns verl's updated batch meta."""
+    fields) back to TransferQueue. Returns verl's updated batch meta.
+
+    ``response_mask`` ([B, T]; the recipe's rows taken out zeroed, ``reward_extras.advantage_mask``): written back
+    as verl writes the mask its rollout correction's rejection changed, the same field and layout, so that the
+    update's loss (its policy, KL and entropy terms, the token-mean denominator) no longer counts those rows."""
     data = adv_batch.data
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
     fields = ["advantages", "returns"]
-    if adv_batch.rollout_correction:
+    if response_mask is not None:
+        data.batch["response_mask"] = response_mask.to(data.batch["response_mask"].dtype)
+    if adv_batch.rollout_correction or response_mask is not None:
         fields.append("response_mask")
         if "rollout_is_weights" in data.batch:
             fields.append("rollout_is_weights")
@@ -301,9 +308,11 @@ def actor_world_size(config) -> int:
     return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
 
 
-def reordered(batch, order: list[int]):
+def reordered(batch, order: list[int], extra_info: Optional[dict] = None):
     """A copy of the TransferQueue batch (``KVBatchMeta``: ``keys`` and per-sample ``tags``) with its samples in
-    ``order``: the same rows, dispatched and packed otherwise by verl's worker."""
+    ``order``: the same rows, dispatched and packed otherwise by verl's worker. ``extra_info``: settings of this
+    copy's calls only (the copy gets its own ``extra_info``, the batch's updated with them; the batch's stays as
+    it was)."""
     import copy
 
     out = copy.copy(batch)
@@ -311,30 +320,80 @@ def reordered(batch, order: list[int]):
     tags = getattr(batch, "tags", None)
     if tags is not None and len(tags) == len(batch.keys):
         out.tags = [tags[i] for i in order]
+    out.extra_info = {**(batch.extra_info or {}), **(extra_info or {})}
     return out
 
 
-def verl_old_log_probs(config, batch, actor_rollout_wg, order: Optional[list[int]] = None) -> torch.Tensor:
+# ------------------------------------------------------------------ the standing check's floor: verl's pass packed otherwise
+#: verl 0.9.1 functions the standing check's floor relies on (``verl_old_log_probs(order=..., max_token_len=...)``),
+#: by ``module:qualname`` -> sha256 of the dedented source: the worker's ``infer_batch`` sets its micro-batching
+#: settings (``max_token_len_per_gpu``, ...) only where the call's data does not carry them, the call's
+#: ``extra_info`` becomes that data's non-tensor fields, and the engine splits a rank's rows into micro-batches by
+#: ``prepare_micro_batches`` / ``rearrange_micro_batches`` (sequence balancing by length: the rows' order alone does
+#: not change a rank's micro-batches, another token budget does; ``core.standing_check.floor_token_budget``).
+FLOOR_SOURCES = {
+    "verl.workers.engine_workers:TrainingWorker.infer_batch": "3ebb58da0ac1150216f850d3bf7f7f61f8b3e90610759aabe77ab6362b107fc4",
+    "verl.utils.transferqueue_utils:_async_meta_to_realdata": "8fe49350dfdb1351e744c112605278ed58b331e8816dd5f7e4e832e2dc8ba289",
+    "verl.workers.engine.utils:prepare_micro_batches": "e3083217530fed22bb8a18b0ca7079b61a88f368a98fb85ebbb613cd1e135597",
+    "verl.utils.seqlen_balancing:rearrange_micro_batches": "2e384e734df9f191450ff3173233bae8dd1b0a6423668ee1b4e84ca2be412606",
+}
+
+#: verl 0.9.1 functions through which a row whose ``response_mask`` the advantage step wrote 0 leaves the update's
+#: loss (``write_advantages(response_mask=...)``): the mask becomes the loss mask, its sum over the data-parallel
+#: group the token-mean denominator, and the policy, KL and entropy terms are aggregated under it.
+ROW_MASK_SOURCES = {
+    "verl.workers.utils.padding:left_right_2_no_padding": "8b09e2ef9bb544fa95661223f7d002e6cd8ec76b250b0ca6335916d5082acf87",
+    "verl.workers.utils.losses:ppo_loss": "d7c0f8772b444f55a59975a1fae154c43a2dab4724a88c89d95237e0a128c561",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.forward_backward_batch": "788138f58fb15e9f8e29487119b4c2757c20c217f3a1ab8a48150c6459fae5b0",
+}
+
+
+def check_floor_sources() -> list[str]:
+    """The :data:`FLOOR_SOURCES` and :data:`ROW_MASK_SOURCES` whose installed source is not the pinned one."""
+    return changed_sources({**FLOOR_SOURCES, **ROW_MASK_SOURCES})
+
+
+def floor_settings(config, sequence_lengths) -> dict:
+    """The floor call's ``extra_info`` settings: under verl's dynamic batch size
+    (``rollout.log_prob_use_dynamic_bsz``) a token budget per GPU of ``core.standing_check.floor_token_budget`` of
+    verl's (``rollout.log_prob_max_token_len_per_gpu``) and the longest of ``sequence_lengths`` (prompt + response);
+    otherwise none (fixed micro-batches: the rows in reverse order change their micro-batch where one holds several)."""
+    from recipe.mrtpo.core.standing_check import floor_token_budget
+
+    rollout = config.actor_rollout_ref.rollout
+    if not bool(rollout.get("log_prob_use_dynamic_bsz", False)) or not len(sequence_lengths):
+        return {}
+    budget = int(rollout.log_prob_max_token_len_per_gpu)
+    return {"max_token_len_per_gpu": floor_token_budget(budget, int(max(int(n) for n in sequence_lengths)))}
+
+
+def verl_old_log_probs(config, batch, actor_rollout_wg, order: Optional[list[int]] = None,
+                       settings: Optional[dict] = None, entropy: bool = False):
     """verl's own old log-probs of ``batch``, padded [B, T] as :func:`read_old_log_prob_batch` pads: step 1 of
     ``_compute_old_log_prob`` (the same ``extra_info`` and ``compute_log_prob`` call), then its step 2's
     ``response_from_nested``, without writing ``old_log_probs`` (the fused step writes its own). verl's call
     also leaves its ``log_probs`` / ``entropy`` fields in TransferQueue, as its own step does; the fused step
-    writes ``entropy`` after it. ``order``: run verl's call on the samples in that order (:func:`reordered`; the
-    standing check's floor), the rows returned in the batch's own order."""
+    writes ``entropy`` after it. ``order`` / ``settings``: run verl's call on the samples in that order, with those
+    ``extra_info`` settings (:func:`reordered`, :func:`floor_settings`: the standing check's floor), the rows
+    returned in the batch's own order. ``entropy``: return ``(log_probs, entropy)``."""
     from verl.workers.utils.padding import response_from_nested
 
-    if order is not None:
-        lp = verl_old_log_probs(config, reordered(batch, order), actor_rollout_wg)
+    if order is not None or settings:
+        order = list(range(len(batch.keys))) if order is None else order
+        out = verl_old_log_probs(config, reordered(batch, order, settings), actor_rollout_wg, entropy=entropy)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        return lp[inverse]
+        return tuple(t[inverse] for t in out) if entropy else out[inverse]
 
     batch.extra_info.update({"calculate_entropy": True, "compute_loss": False,
                              "temperature": config.actor_rollout_ref.rollout.temperature})
     output = actor_rollout_wg.compute_log_prob(batch)
     assert len(output) == len(batch)
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["log_probs", "response_mask"])
-    return torch.nested.to_padded_tensor(response_from_nested(data["log_probs"], data["response_mask"]), 0.0).float()
+    fields = ["log_probs", "response_mask"] + (["entropy"] if entropy else [])
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    got = [torch.nested.to_padded_tensor(response_from_nested(data[f], data["response_mask"]), 0.0).float()
+           for f in fields if f != "response_mask"]
+    return tuple(got) if entropy else got[0]
 
 
 def fsdp_reshard(module) -> None:

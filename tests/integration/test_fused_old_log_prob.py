@@ -11,7 +11,7 @@ import pytest
 import torch
 from verl.utils.torch_functional import entropy_from_logits
 
-from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, render
+from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, padded, render
 from recipe.mrtpo import verl_seam
 
 
@@ -94,14 +94,18 @@ def test_rlsds_live_teacher_fuses_with_old_log_prob_and_gives_the_unfused_advant
 
 
 def _verl_compute_log_prob(fake, prompt_len: int, want, shift: float = 0.0, calls=None):
-    """A stand-in for verl's ``compute_log_prob``: writes ``log_probs`` over [prompt | response] (nested), as its
-    worker does, holding ``want`` (+ ``shift``) at the positions that predict the response."""
+    """A stand-in for verl's ``compute_log_prob``: writes ``log_probs`` (and an ``entropy`` of 0.5) over
+    [prompt | response] (nested), as its worker does, holding ``want`` (+ ``shift``) at the positions that predict
+    the response. ``calls`` gets each call's token budget (None: verl's own)."""
     def compute_log_prob(meta):
-        assert meta.extra_info == {"calculate_entropy": True, "compute_loss": False, "temperature": 1.0}  # verl's step 1
+        info = dict(meta.extra_info)
+        budget = info.pop("max_token_len_per_gpu", None)  # the floor's call under a dynamic batch size
+        assert info == {"calculate_entropy": True, "compute_loss": False, "temperature": 1.0}  # verl's step 1
         if calls is not None:
-            calls.append(True)
+            calls.append(budget)
         rows = [torch.cat([torch.zeros(prompt_len - 1), w + shift, torch.zeros(1)]) for w in want.unbind()]
         fake.td["log_probs"] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        fake.td["entropy"] = torch.nested.as_nested_tensor([torch.full_like(r, 0.5) for r in rows], layout=torch.jagged)
         return meta
     return compute_log_prob
 
@@ -125,19 +129,28 @@ def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_f
         trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
         seen[step] = {k: v for k, v in metrics.items() if "vs_verl" in k or "fused_check" in k}
         assert set(fake.put) >= {"old_log_probs", "entropy"}
-    assert len(verl_calls) == 6 and not seen[9]  # each check: verl's pass, and again on the rows reversed (the floor)
+    assert verl_calls == [None] * 6 and not seen[9]  # each check: verl's pass, and again on the rows reversed (the floor)
     for step in (7, 8, 12):
         m = seen[step]
         assert m["mrtpo/consistency/fused_vs_verl_tokens"] == sum(LENS)
         assert m["mrtpo/consistency/fused_vs_verl_max"] < 1e-5 and m["mrtpo/consistency/fused_vs_verl_p99"] <= m["mrtpo/consistency/fused_vs_verl_max"]
         assert "mrtpo/consistency/fused_vs_verl_warning" not in m
         assert m["mrtpo/consistency/verl_vs_verl_mean"] == 0.0 and m["mrtpo/consistency/fused_check_threshold"] == 1e-2
-    # a fused pass off verl's numbers (here verl's shifted by 0.05) is logged and warned about in one line
+        assert m["mrtpo/consistency/verl_vs_verl_row_max"] == 0.0 and m["mrtpo/consistency/fused_vs_verl_row_max"] < 1e-5
+    assert "mrtpo/consistency/trained_on_verl_log_probs" not in metrics
+    assert all(torch.allclose(padded(fake.put["old_log_probs"])[i, :n], padded(want)[i, :n], atol=1e-5)
+               for i, n in enumerate(LENS))  # the fused pass's
+    # a fused pass off verl's numbers (here verl's shifted by 0.05) is logged and warned about in one line, and the
+    # step trains on verl's own log-probs and entropy
     trainer.actor_rollout_wg.compute_log_prob = _verl_compute_log_prob(fake, len(render(tok, MSGS)), want, shift=0.05)
     trainer.global_steps, metrics = 16, {}
-    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.standing_step"):
         trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
     assert abs(metrics["mrtpo/consistency/fused_vs_verl_mean"] - 0.05) < 1e-4 and metrics["mrtpo/consistency/fused_vs_verl_warning"] == 1
+    assert metrics["mrtpo/consistency/trained_on_verl_log_probs"] == 1
+    assert all(torch.allclose(padded(fake.put["old_log_probs"])[i, :n], padded(want)[i, :n] + 0.05, atol=1e-5)
+               for i, n in enumerate(LENS))
+    assert all(torch.all(e == 0.5) for e in fake.put["entropy"].unbind())
     lines = [r.getMessage() for r in caplog.records if "fused old_log_probs differ" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0] and "bf16 threshold" in lines[0] and "floor" in lines[0]
     # and the check off: verl's call never runs

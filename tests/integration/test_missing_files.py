@@ -19,6 +19,7 @@ from recipe.mrtpo import node_files
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
 from recipe.mrtpo.reward_extras import ERROR_KEY, SCORES_KEY, advantage_mask, read_reward_table
 from recipe.mrtpo.reward_manager import score_sample
+from recipe.mrtpo.verdict import NO_VERDICT_MARK
 
 GOLD = "SELECT name FROM t ORDER BY name"
 
@@ -70,10 +71,12 @@ def test_a_missing_file_row_gets_exactly_zero_advantage_and_moves_no_other_row(t
                                            scores=scores, errors=["", "", "", error])
     adv = padded(fake.put["advantages"])
     assert (adv[3] == 0).all()
-    assert metrics["mrtpo/missing_files"] == 1 and metrics["mrtpo/verifier_errors"] == 0
-    assert any("1 rows left out of the advantage" in r.getMessage() and node_files.MISSING_MARK in r.getMessage()
+    assert metrics["mrtpo/missing_files"] == 1 and metrics["mrtpo/verifier_errors"] == 0 and metrics["mrtpo/rows_out"] == 1
+    assert any("1 rows taken out of the step" in r.getMessage() and node_files.MISSING_MARK in r.getMessage()
                for r in caplog.records)
     mask = _mask()
+    # the row leaves the loss too: its response_mask is written back 0 (the KL term, the token-mean denominator)
+    assert torch.equal(padded(fake.put["response_mask"]).float(), mask * torch.tensor([1.0, 1, 1, 0]).unsqueeze(-1))
     names = ["lower", "no_comma"]
     three = torch.tensor([[s[n] for n in names] for s in SCORES[:3]])
     if est == "gdpo":
@@ -83,6 +86,28 @@ def test_a_missing_file_row_gets_exactly_zero_advantage_and_moves_no_other_row(t
     else:  # the replay skips the row too: group b holds one scored row (no variance), group a is replayed
         assert metrics["mrtpo/pairs_replayed"] == 4 and calls == [2]
         assert torch.isfinite(adv).all() and float((adv[:3] * (1 - mask[:3])).abs().max()) == 0
+
+
+def test_a_row_without_a_verdict_leaves_the_advantage_and_the_loss(monkeypatch, tiny):  # noqa: F811
+    """A verifier's ``NoVerdict`` (NLTK data missing, an unreadable database, a failing gold) goes out as a missing
+    file does: absent from its group's statistics, advantage 0, response mask 0, counted as ``mrtpo/no_verdict``."""
+    error = f"NoVerdict: {NO_VERDICT_MARK}n1: instruction_following: lower: LookupError: Resource punkt_tab not found."
+    fake, metrics, _, _ = run_step(monkeypatch, tiny, 7, "algorithm.adv_estimator=gdpo", scores=[*SCORES[:3], {}],
+                                   errors=["", "", "", error])
+    adv, mask = padded(fake.put["advantages"]), _mask()
+    names = ["lower", "no_comma"]
+    three = torch.tensor([[s[n] for n in names] for s in SCORES[:3]])
+    ref, _ = compute_mrtpo_advantage_with_stats(three, np.array(UIDS[:3], dtype=object), mask[:3], None, 0.0,
+                                                max_realloc_rms=1.0)
+    assert (adv[3] == 0).all() and torch.allclose(adv[:3], ref, atol=1e-6)  # group statistics without the row
+    assert padded(fake.put["response_mask"])[3].abs().sum() == 0 and torch.equal(padded(fake.put["response_mask"])[:3].float(), mask[:3])
+    assert metrics["mrtpo/no_verdict"] == 1 and metrics["mrtpo/missing_files"] == 0 and metrics["mrtpo/verifier_errors"] == 0
+    assert metrics["mrtpo/rows_out"] == 1
+
+
+def test_a_step_with_every_row_judged_writes_no_mask(monkeypatch, tiny):  # noqa: F811
+    fake, metrics, _, _ = run_step(monkeypatch, tiny, 7, "algorithm.adv_estimator=gdpo")
+    assert "response_mask" not in fake.put and metrics["mrtpo/rows_out"] == 0
 
 
 def test_a_batch_whose_files_all_vanished_trains_with_zero_advantage(tmp_path, monkeypatch, tiny):  # noqa: F811

@@ -153,6 +153,24 @@ def test_the_standing_checks_call_is_verls_step_1():
         assert line in src, line
 
 
+def test_the_floor_and_the_row_mask_rely_on_verls_pinned_pieces():
+    """The standing check's floor gives verl's worker its own token budget through the call's ``extra_info``
+    (taken where given, else the worker's setting), and verl splits a rank's rows by length
+    (``verl_seam.FLOOR_SOURCES``); a row whose ``response_mask`` the advantage step writes 0 leaves the loss: the mask
+    is the loss mask and its sum the token-mean denominator (``ROW_MASK_SOURCES``)."""
+    assert verl_seam.check_floor_sources() == [], "verl changed: re-check verl_seam.floor_settings / write_advantages"
+    infer = named_source("verl.workers.engine_workers:TrainingWorker.infer_batch")
+    assert "max_token_len_per_gpu=self.engine_config.infer_max_token_len_per_gpu" in infer
+    assert "if key not in data.keys():" in infer
+    assert "tu.assign_non_tensor_data(tensor_dict=tensordict, key=key, val=val)" in named_source(
+        "verl.utils.transferqueue_utils:_async_meta_to_realdata")
+    assert 'data["loss_mask"] = data["response_mask"]' in named_source("verl.workers.utils.padding:left_right_2_no_padding")
+    assert 'batch_num_tokens = data["loss_mask"].sum()' in named_source(
+        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.forward_backward_batch")
+    loss = named_source("verl.workers.utils.losses:ppo_loss")
+    assert 'response_mask = data["response_mask"].to(bool)' in loss and "loss_mask=response_mask" in loss
+
+
 # ------------------------------------------------------------------ the BFCL agent loop's reliance on verl
 def test_the_agent_loop_pieces_are_verls_pinned_ones():
     assert agent_pins.check_agent_loop_sources() == [], "verl changed: re-check recipe/mrtpo/agent/bfcl_loop.py"

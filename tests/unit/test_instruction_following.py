@@ -22,6 +22,7 @@ import pytest
 
 from recipe.mrtpo.tasks import Context, RewardResult, get_task
 from recipe.mrtpo.tasks import instruction_following as IF
+from recipe.mrtpo.verdict import NoVerdict
 
 REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / ".assets"
@@ -317,7 +318,11 @@ def test_unknown_id_and_raising_checker_score_zero_with_error():
         ("punctuation:no_comma", {"unexpected_arg": 3}),  # bad kwargs: TypeError
         ("punctuation:no_comma", {}),
     )
-    r = IF.score("Run fast today.", gt, {"constraint_texts": ["t0", "t1", "t2", "t3", "t4"]})
+    # the evaluation's reading records every error (the node's too) and scores 0; the training reward has no
+    # verdict on the row whose check met missing NLTK data (tests/unit/test_no_verdict.py)
+    r = IF.evaluate("Run fast today.", gt, {"constraint_texts": ["t0", "t1", "t2", "t3", "t4"]}, strip_reasoning=True)
+    with pytest.raises(NoVerdict, match="words:start_verb: LookupError"):
+        IF.score("Run fast today.", gt, {"constraint_texts": ["t0", "t1", "t2", "t3", "t4"]})
     assert r.scores == {
         "no_such:checker": 0.0,
         "ratio:overlap": 0.0,
@@ -612,10 +617,15 @@ def test_every_ifbench_instruction_runs_offline_except_start_verb():
     rows = _rows(IFBENCH_DATA)
     assert len(rows) == 300
     errors = {}
+    no_verdict = 0
     for row in rows:
-        r = IF.score("This is a dummy response. It has two sentences.", row)
+        r = IF.evaluate("This is a dummy response. It has two sentences.", row, strip_reasoning=True)
         errors.update({(row["key"], k): e for k, e in r.info["errors"].items()})
-    assert errors, "IFBench has words:start_verb prompts: they must be reported"
+        if r.info["errors"]:  # the training reward takes such a row out rather than score it 0
+            with pytest.raises(NoVerdict, match="averaged_perceptron_tagger"):
+                IF.score("This is a dummy response. It has two sentences.", row)
+            no_verdict += 1
+    assert errors and no_verdict, "IFBench has words:start_verb prompts: they must be reported"
     assert {k.split("#")[0] for _, k in errors} == {"words:start_verb"}
     assert all(e.startswith("LookupError:") for e in errors.values())
 

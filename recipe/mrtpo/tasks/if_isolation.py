@@ -28,7 +28,9 @@ import threading
 import time
 from typing import Any, Optional
 
-__all__ = ["DEFAULT_CHECK_TIMEOUT_S", "IN_PROCESS_MAX_CHARS", "CheckTimeout", "check_timeout_s",
+from recipe.mrtpo.tasks.base import NoVerdict
+
+__all__ = ["DEFAULT_CHECK_TIMEOUT_S", "IN_PROCESS_MAX_CHARS", "CheckTimeout", "check_timeout_s", "environment_fault",
            "in_process_max_chars", "run_isolated", "shutdown_worker"]
 
 DEFAULT_CHECK_TIMEOUT_S = 20.0
@@ -39,6 +41,15 @@ _log = logging.getLogger(__name__)
 
 class CheckTimeout(RuntimeError):
     """One check of one response variant ran past its time limit (the worker was killed)."""
+
+
+def environment_fault(exc: BaseException) -> bool:
+    """Whether a checker's exception is its node's fault, not the response's: NLTK data that is not there
+    (``LookupError`` itself, what ``nltk.data.find`` raises; its subclasses ``KeyError`` and ``IndexError`` are a
+    checker failing on odd text), a dependency that does not import (``ImportError``), an asset it cannot read
+    (``OSError``). Any other exception (``ValueError``, ``KeyError``, ``RecursionError``, a time-out ...) is the
+    check's failure on this response: the constraint scores 0 and the error is counted, as before."""
+    return type(exc) is LookupError or isinstance(exc, (ImportError, OSError))
 
 
 def _env_float(name: str, default: float) -> float:
@@ -70,8 +81,8 @@ def _serve(conn) -> None:  # pragma: no cover - runs in the worker process
         try:
             checker, _ = R._build_checker(iid, kwargs)
             conn.send(("ok", bool(text.strip()) and bool(checker.check_following(text))))
-        except Exception as exc:  # noqa: BLE001 - reported to the caller as the check's error
-            conn.send(("error", R._error(exc)))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as the check's error (or no verdict)
+            conn.send(("no_verdict" if environment_fault(exc) else "error", R._error(exc)))
 
 
 _PRELOAD = ["recipe.mrtpo.tasks.if_registry"]
@@ -101,7 +112,7 @@ class _Worker:
         child.close()
         if not self.conn.poll(_START_TIMEOUT_S):
             self.kill()
-            raise RuntimeError("instruction-check worker did not start")
+            raise NoVerdict(f"instruction-check worker did not start in {_START_TIMEOUT_S:g} s")
         self.conn.recv()
 
     def kill(self) -> None:
@@ -130,7 +141,8 @@ def shutdown_worker() -> None:
 def run_isolated(instruction_id: str, kwargs: dict, text: str, timeout_s: Optional[float] = None) -> bool:
     """The checker's verdict on ``text`` (non-empty and ``check_following``), computed in the worker.
 
-    Raises :class:`CheckTimeout` past ``timeout_s`` and RuntimeError with the checker's error text."""
+    Raises :class:`CheckTimeout` past ``timeout_s``, ``NoVerdict`` for an error of the node (:func:`environment_fault`)
+    and RuntimeError with the checker's error text for any other."""
     timeout_s = check_timeout_s() if timeout_s is None else timeout_s
     with _LOCK:
         worker = _STATE["worker"]
@@ -151,6 +163,8 @@ def run_isolated(instruction_id: str, kwargs: dict, text: str, timeout_s: Option
             _log.warning("instruction check %s on %d characters stopped after %.1f s", instruction_id, len(text), elapsed)
             raise CheckTimeout(f"{instruction_id} on {len(text)} characters ran past {timeout_s:g} s")
     status, value = reply
+    if status == "no_verdict":
+        raise NoVerdict(f"instruction check {instruction_id}: {value}")
     if status == "error":
         raise RuntimeError(value)
     return bool(value)

@@ -37,10 +37,18 @@ sentence falls back to the checker's own ``build_description(**kwargs)``, which 
 to be verbatim in the prompt (IFEval's prompts paraphrase their constraints): the replay then finds
 no substring and gives that reward uniform weights (counted), never a wrong weight.
 
-Robustness: any exception of a checker (e.g. ``LookupError`` for missing NLTK data, ``ValueError``),
-an unknown instruction id or bad kwargs score that reward 0.0 and are recorded in
-``RewardResult.info["errors"]`` as ``{reward_key: "ExceptionType: message"}``; no exception from a
-checker escapes, whatever the response. A ground truth without an ``instruction_id_list`` is a data
+Robustness: an exception of a checker that is the response's doing (``ValueError``, ``KeyError``,
+``RecursionError`` ... on odd text), an unknown instruction id or bad kwargs score that reward 0.0 and are
+recorded in ``RewardResult.info["errors"]`` as ``{reward_key: "ExceptionType: message"}``; no such exception
+escapes, whatever the response. An exception that is the node's fault, not the response's
+(:func:`if_isolation.environment_fault`: ``LookupError`` for NLTK data that is not there, an ``ImportError``, an
+``OSError``; the check's worker process that does not start) is no verdict: the training reward
+(:func:`score`, what the reward manager calls) raises ``tasks.base.NoVerdict`` naming the constraint and the error,
+and the row leaves the training step (counted, never a 0). (``words:start_verb`` needs NLTK's
+``averaged_perceptron_tagger_eng``, which ``.assets/nltk_data`` does not hold: such rows leave training until the
+node has it.) :func:`evaluate` records the error and scores 0 unless asked to raise (``no_verdict="raise"``): the
+evaluation counts it (``n_checker_errors``), as before. In the loose mode a variant that passes still decides (any passing variant is the official verdict);
+only a verdict of "fails" needs every variant checked. A ground truth without an ``instruction_id_list`` is a data
 bug and raises ``ValueError``. Ground truths read back from parquet (numpy arrays, NaN or None for
 absent kwargs, floats for ints) are normalised first.
 """
@@ -51,7 +59,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from recipe.mrtpo.tasks import if_isolation
-from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
+from recipe.mrtpo.tasks.base import Context, NoVerdict, RewardResult, as_text, register_task
 from recipe.mrtpo.tasks.if_registry import (  # noqa: F401 - re-exported for builders and tests
     _REFUSED_DOWNLOADS,
     COMPOSABLE_IDS,
@@ -112,18 +120,20 @@ def _passes(checker, iid: str, kwargs: dict, text: str) -> bool:
 
 
 def _check(checker, iid: str, kwargs: dict, response: str, mode: Mode) -> bool:
-    """Strict: the response passes. Loose: any official variant passes."""
+    """Strict: the response passes. Loose: any official variant passes (a variant whose check raised cannot
+    make it fail: its first error is raised, one of the node (no verdict) before any other)."""
     if mode == "strict":
         return _passes(checker, iid, kwargs, response)
-    first_error = None
+    errors: list = []
     for variant in loose_variants(response):
         try:
             if _passes(checker, iid, kwargs, variant):
                 return True
         except Exception as exc:  # noqa: BLE001 - one bad variant must not hide a passing one
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
+            errors.append(exc)
+    no_verdict = [e for e in errors if isinstance(e, NoVerdict) or if_isolation.environment_fault(e)]
+    if no_verdict or errors:
+        raise (no_verdict or errors)[0]
     return False
 
 
@@ -143,15 +153,19 @@ def evaluate(
     *,
     mode: Mode = "strict",
     strip_reasoning: bool = False,
+    no_verdict: Literal["raise", "record"] = "record",
 ) -> RewardResult:
     """One 1.0/0.0 reward per constraint of ``ground_truth`` (see the module docstring).
 
     ``mode``: ``"strict"`` or ``"loose"`` (official semantics); ``strip_reasoning``: remove a
     reasoning block first (off by default: the response as generated). ``info["errors"]`` maps
-    reward keys to the error that zeroed them (empty when none did).
+    reward keys to the error that zeroed them (empty when none did). ``no_verdict="raise"``: a check that failed
+    through its node's fault raises ``NoVerdict`` instead (module docstring).
     """
     if mode not in ("strict", "loose"):
         raise ValueError(f"mode must be 'strict' or 'loose', got {mode!r}")
+    if no_verdict not in ("raise", "record"):
+        raise ValueError(f"no_verdict must be 'raise' or 'record', got {no_verdict!r}")
     ids, raw_kwargs = _parse_ground_truth(ground_truth)
     texts = _constraint_texts(extra_info)
     keys = reward_keys(ids)
@@ -179,6 +193,11 @@ def evaluate(
             else:
                 passed = _check(checker, iid, kwargs, text, mode)
         except Exception as exc:  # noqa: BLE001 - a checker must never crash the reward
+            environment = isinstance(exc, NoVerdict) or if_isolation.environment_fault(exc)
+            if environment and no_verdict == "raise":
+                if isinstance(exc, NoVerdict):
+                    raise
+                raise NoVerdict(f"instruction_following: {key}: {_error(exc)}") from exc
             errors[key] = _error(exc)
         scores[key] = 1.0 if passed else 0.0
         sentence = given or (description if isinstance(description, str) and description else iid)
@@ -187,13 +206,14 @@ def evaluate(
 
 
 def score(response: str, ground_truth: dict, extra_info: dict | None = None) -> RewardResult:
-    """Training reward: the strict pass on the answer (reasoning block removed), one reward per constraint."""
-    return evaluate(response, ground_truth, extra_info, mode="strict", strip_reasoning=True)
+    """Training reward: the strict pass on the answer (reasoning block removed), one reward per constraint; no
+    verdict (an error of the node) raises ``NoVerdict``."""
+    return evaluate(response, ground_truth, extra_info, mode="strict", strip_reasoning=True, no_verdict="raise")
 
 
 def score_loose(response: str, ground_truth: dict, extra_info: dict | None = None) -> RewardResult:
-    """Loose pass on the answer (reasoning block removed), one reward per constraint."""
-    return evaluate(response, ground_truth, extra_info, mode="loose", strip_reasoning=True)
+    """Loose pass on the answer (reasoning block removed), one reward per constraint; no verdict raises."""
+    return evaluate(response, ground_truth, extra_info, mode="loose", strip_reasoning=True, no_verdict="raise")
 
 
 register_task("instruction_following", score)

@@ -12,7 +12,9 @@ without the project on its path.
   ``fts3_tokenizer``, ``random``, ``randomblob``), SQLite's length limits, and a progress handler that
   aborts the statement at its deadline; fetch at most ``max_rows`` rows / ``max_result_bytes``
   (a larger result is truncated, not an error). Text that is not valid UTF-8 is decoded with the
-  invalid bytes dropped, as test-suite-sql-eval's connection does;
+  invalid bytes dropped, as test-suite-sql-eval's connection does. An error that is the environment's, not the
+  statement's (:func:`environment_fault`: the database cannot be opened or read, is locked, corrupt or not a
+  database; an ``OSError`` such as ESTALE) is marked ``SqlResult.environment``: the verifier then has no verdict;
 - the wire protocol: length-prefixed ``marshal`` frames (not pickle, so that even a compromised worker
   cannot make the caller run code), and the worker loop :func:`serve`.
 
@@ -43,6 +45,7 @@ __all__ = [
     "SqlResult",
     "WorkerGone",
     "check_statement",
+    "environment_fault",
     "execute_in_process",
     "read_exact",
     "write_all",
@@ -90,7 +93,8 @@ class SqlResult:
     ``columns``: result column names; ``rows``: tuples of Python values (None, int, float, str, bytes);
     ``error``: ``None`` if the statement ran, else a short message (at most ``MAX_ERROR_CHARS``);
     ``truncated``: the result had more than ``max_rows`` rows / ``max_result_bytes`` and was cut;
-    ``nbytes``: approximate size of ``rows``.
+    ``nbytes``: approximate size of ``rows``; ``environment``: the error is the environment's, not the
+    statement's (:func:`environment_fault`).
     """
 
     columns: tuple[str, ...] = ()
@@ -98,18 +102,19 @@ class SqlResult:
     error: Optional[str] = None
     truncated: bool = False
     nbytes: int = 0
+    environment: bool = False
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def to_wire(self) -> tuple:
-        return (self.columns, self.rows, self.error, self.truncated, self.nbytes)
+        return (self.columns, self.rows, self.error, self.truncated, self.nbytes, self.environment)
 
     @classmethod
     def from_wire(cls, t: tuple) -> SqlResult:
-        columns, rows, error, truncated, nbytes = t
-        return cls(tuple(columns), tuple(tuple(r) for r in rows), error, bool(truncated), int(nbytes))
+        columns, rows, error, truncated, nbytes, environment = t
+        return cls(tuple(columns), tuple(tuple(r) for r in rows), error, bool(truncated), int(nbytes), bool(environment))
 
 
 def shorten(message: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -133,6 +138,31 @@ def check_statement(sql: str) -> Optional[str]:
     if not _READ_KEYWORD.match(sql, start):
         return "only SELECT / WITH / VALUES statements are allowed"
     return None
+
+
+#: SQLite's primary result codes of a database the connection cannot open or read, whatever the statement:
+#: PERM, BUSY, LOCKED, IOERR (ESTALE and every I/O error of NFS), CORRUPT, CANTOPEN, PROTOCOL, NOLFS, NOTADB. Not FULL
+#: (a query's temporary tables can fill the disk) nor IOERR_NOMEM (3082: memory the query exhausted): the statement's
+_ENVIRONMENT_CODES = frozenset({3, 5, 6, 10, 11, 14, 15, 22, 26})
+_STATEMENT_EXTENDED_CODES = frozenset({3082})
+#: the same errors by their messages, for an error that carries no code
+_ENVIRONMENT_MESSAGES = ("unable to open database file", "disk i/o error", "database disk image is malformed",
+                         "file is not a database", "database is locked", "database table is locked")
+
+
+def environment_fault(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while running a statement, is the environment's fault rather than the statement's:
+    an ``OSError``, or a SQLite error whose primary code (or message) says the database file cannot be opened or
+    read (``_ENVIRONMENT_CODES``). A syntax error, a missing table or column, the authorizer's refusal, a time-out
+    (``interrupted``), a value too big, memory or temporary disk exhausted by the query are the statement's."""
+    if isinstance(exc, OSError):
+        return True
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in _ENVIRONMENT_CODES and code not in _STATEMENT_EXTENDED_CODES
+    return str(exc).strip().lower() in _ENVIRONMENT_MESSAGES
 
 
 def _authorizer(action: int, arg1, arg2, db_name, trigger) -> int:
@@ -182,8 +212,8 @@ def execute_in_process(
     deadline = time.monotonic() + float(timeout_s)
     try:
         conn = _open_read_only(db_path, deadline, max_value_bytes)
-    except Exception as e:  # missing file, not a database, ...
-        return SqlResult(error=shorten(f"cannot open database: {e}"))
+    except Exception as e:  # missing file, not a database, ...: never the statement's fault
+        return SqlResult(error=shorten(f"cannot open database: {e}"), environment=True)
     try:
         cursor = conn.execute(sql)
         columns = tuple(str(d[0]) for d in (cursor.description or ()))
@@ -206,7 +236,7 @@ def execute_in_process(
         message = str(e) or type(e).__name__
         if isinstance(e, sqlite3.OperationalError) and message == "interrupted":
             message = TIMEOUT_MESSAGE
-        return SqlResult(error=shorten(message))
+        return SqlResult(error=shorten(message), environment=environment_fault(e))
     finally:
         try:
             conn.close()

@@ -2,7 +2,14 @@
 
 ``score(response, ground_truth, extra_info=None)`` with ``ground_truth = {"db_path": str, "gold_sql": str}``;
 ``db_path`` relative to the data root (``node_files``: ``$MRTPO_DATA_ROOT``) or absolute. A database that is not
-there raises one line naming the file and the node: the row then leaves the advantage (never a reward of 0).
+there raises one line naming the file and the node: the row then leaves the step (never a reward of 0). So does
+every error that is not the model's SQL's fault (no verdict, ``tasks.base.NoVerdict``): a database that vanishes
+between the check and the open (the missing-file line again), one that cannot be opened or read (an ``OSError``
+such as NFS's ESTALE, SQLite's "unable to open database file", "disk I/O error", a corrupt or locked file:
+``sql_executor.environment_fault``), met by the model's query or the gold's; and, in the training reward
+(:func:`reward`, the registered verifier), a gold query that fails at all (a time-out under load included). The
+model's SQL failing on its own (a syntax error, a missing column, a time-out, the sandbox's refusal, its worker
+dying) scores as below.
 The answer is the **last** fenced ```sql block of the response (language tag case-insensitive, ``sqlite``
 accepted too). If the last ```sql fence is never closed (a truncated answer), there is no valid block.
 
@@ -51,8 +58,9 @@ override the sandbox limits (defaults 2.0 s and 10,000 rows). A malformed ``grou
 
 ``RewardResult.info`` holds diagnostics only: ``format_error``, ``exec_error``, ``match_detail``, and
 ``errors`` (``{reward: message}``, which the reward manager counts) when the gold query itself fails
-(``execution_match`` is then 0 and the data should be fixed) or, as a last line of defence, when the
-verifier hits an internal error (every reward 0).
+(:func:`score`, the evaluation's test-suite semantics: ``execution_match`` is then 0 and the data should be fixed;
+:func:`reward` raises ``NoVerdict`` instead) or, as a last line of defence, when the verifier hits an internal
+error (every reward 0).
 """
 
 from __future__ import annotations
@@ -66,8 +74,8 @@ from typing import Any, Optional
 import sqlglot
 from sqlglot import exp
 
-from recipe.mrtpo.node_files import missing_line, resolve
-from recipe.mrtpo.tasks.base import Context, RewardResult, as_text, register_task
+from recipe.mrtpo.node_files import is_missing_file, missing_line, resolve
+from recipe.mrtpo.tasks.base import Context, NoVerdict, RewardResult, as_text, register_task
 from recipe.mrtpo.tasks.sql_compare import (
     DEFAULT_SQL_MODE,
     SQL_MODES,
@@ -94,6 +102,7 @@ __all__ = [
     "gold_is_ordered",
     "results_match",
     "score",
+    "reward",
 ]
 
 SQL_FORMAT_INSTRUCTION = (
@@ -103,6 +112,7 @@ SQL_FORMAT_INSTRUCTION = (
 REWARD_KEYS = ("format", "executable", "execution_match")
 MAX_SQL_CHARS = 20_000  # Spider/BIRD gold queries stay far below; bounds sqlglot's parsing time
 MAX_CONTEXT_CHARS = 300  # length bound of the ``executable`` context text
+GOLD_FAILED = "gold SQL failed: "  # how ``info["errors"]["execution_match"]`` begins when the gold query failed
 
 _FENCE = re.compile(r"`{3,}")
 _SQL_TAG = re.compile(r"[ \t]*(?:sqlite3?|sql)(?=\s|$)", re.IGNORECASE)
@@ -208,17 +218,28 @@ def _limits(extra: dict) -> dict:
     return limits
 
 
-def _execution_match(pred: SqlResult, sql: str, db_path: str, gold_sql: str, mode: str, limits: dict,
-                     info: dict) -> float:
+def _judged(result: SqlResult, db_path: str, stored_path: str, who: str) -> SqlResult:
+    """``result``, unless its error is the environment's (``SqlResult.environment``): then no verdict, raised as the
+    missing-file line when the database is gone from the node now (it vanished after the check), else as
+    :class:`NoVerdict` naming the database and the error."""
+    if not result.environment:
+        return result
+    if not os.path.isfile(db_path):
+        raise FileNotFoundError(missing_line(db_path, stored_path))
+    raise NoVerdict(f"text_to_sql: the {who} query could not run on {db_path}: {result.error}")
+
+
+def _execution_match(pred: SqlResult, sql: str, db_path: str, stored_path: str, gold_sql: str, mode: str,
+                     limits: dict, info: dict) -> float:
     """test-suite's verdict (module docstring); ``pred`` is the block's own result."""
     pred_sql, gold_sql = prepare_queries(sql, gold_sql, mode)
     pred_sql, gold_run = replace_cur_year(pred_sql), replace_cur_year(gold_sql)
-    gold = execute_gold(db_path, gold_run, **limits)
+    gold = _judged(execute_gold(db_path, gold_run, **limits), db_path, stored_path, "gold")
     if not gold.ok:
-        info["errors"] = {"execution_match": _one_line(f"gold SQL failed: {gold.error}", 300)}
+        info["errors"] = {"execution_match": _one_line(f"{GOLD_FAILED}{gold.error}", 300)}
         return 0.0
     if pred_sql != sql:  # a query fix or the DISTINCT removal changed the text: run what test-suite runs
-        pred = execute_sql(db_path, pred_sql, **limits)
+        pred = _judged(execute_sql(db_path, pred_sql, **limits), db_path, stored_path, "model's")
         if not pred.ok:
             info["match_detail"] = _one_line(f"prepared prediction fails: {pred.error}", 300)
             return 0.0
@@ -235,7 +256,7 @@ def _execution_match(pred: SqlResult, sql: str, db_path: str, gold_sql: str, mod
     return 1.0 if matched else 0.0
 
 
-def _score_response(text: str, db_path: str, gold_sql: str, mode: str, limits: dict,
+def _score_response(text: str, db_path: str, stored_path: str, gold_sql: str, mode: str, limits: dict,
                     info: dict) -> tuple[dict, Optional[str]]:
     sql = extract_sql_block(text)
     if sql is None:
@@ -244,13 +265,13 @@ def _score_response(text: str, db_path: str, gold_sql: str, mode: str, limits: d
     format_error = check_format(sql)
     if format_error is not None:
         info["format_error"] = format_error
-    pred = execute_sql(db_path, sql, **limits)
+    pred = _judged(execute_sql(db_path, sql, **limits), db_path, stored_path, "model's")
     scores = {"format": 0.0 if format_error else 1.0, "executable": 0.0, "execution_match": 0.0}
     if pred.ok:
         scores["executable"] = 1.0
     else:
         info["exec_error"] = pred.error
-    scores["execution_match"] = _execution_match(pred, sql, db_path, gold_sql, mode, limits, info)
+    scores["execution_match"] = _execution_match(pred, sql, db_path, stored_path, gold_sql, mode, limits, info)
     return scores, pred.error
 
 
@@ -267,8 +288,13 @@ def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) 
         instruction = SQL_FORMAT_INSTRUCTION
     info: dict = {}
     try:
-        scores, exec_error = _score_response(as_text(response), db_path, gold_sql, mode, _limits(extra), info)
+        scores, exec_error = _score_response(as_text(response), db_path, stored_path, gold_sql, mode, _limits(extra),
+                                             info)
+    except NoVerdict:
+        raise
     except Exception as e:  # last line of defence: a verifier bug must not kill a training step
+        if isinstance(e, FileNotFoundError) and is_missing_file(str(e)):
+            raise  # the database vanished after the check: no verdict, as when it was missing
         message = _one_line(f"internal error: {type(e).__name__}: {e}", 300)
         info["errors"] = dict.fromkeys(REWARD_KEYS, message)
         scores, exec_error = dict.fromkeys(REWARD_KEYS, 0.0), "internal error"
@@ -281,7 +307,18 @@ def score(response: str, ground_truth: dict, extra_info: Optional[dict] = None) 
     return RewardResult(scores=scores, contexts=contexts, info=info)
 
 
-register_task("text_to_sql", score)
-register_task("spider", score)
-register_task("bird", score)
-register_task("chinook", score)
+def reward(response: str, ground_truth: dict, extra_info: Optional[dict] = None) -> RewardResult:
+    """The training reward: :func:`score`, except that a gold query that fails is no verdict (``NoVerdict``: the
+    row leaves the step) rather than an ``execution_match`` of 0 (module docstring): a gold that fails for one
+    sample of a group (a time-out under load) and not another would teach a difference no response made."""
+    result = score(response, ground_truth, extra_info)
+    gold_error = str((result.info.get("errors") or {}).get("execution_match", ""))
+    if gold_error.startswith(GOLD_FAILED):
+        raise NoVerdict(f"text_to_sql: {gold_error}")
+    return result
+
+
+register_task("text_to_sql", reward)
+register_task("spider", reward)
+register_task("bird", reward)
+register_task("chinook", reward)
