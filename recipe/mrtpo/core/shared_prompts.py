@@ -8,12 +8,13 @@ is ONE row holding the forward's distinct prompts as a prefix tree: the prompts 
 tokens, each after the first holding only its tokens after the longest prefix it shares with the one before it
 (in that order, the longest it shares with any earlier one), each followed by the responses that follow it.
 Every token keeps the position id it has in its own sequence (a shared prefix token ``0 .. m - 1``, a
-prompt's own tokens after it, a response ``p .. p + n - 1``), and a 4D mask lets a prompt token attend to
-its own prompt's earlier tokens (wherever in the row the shared part lies) and a response token to its whole
-prompt and its own earlier tokens, nothing else. Each response token therefore sees exactly the keys, values
-and positions it sees in the unshared forward (a shared prefix token's keys and values depend only on that
-prefix): the logits agree up to the order of the floating-point reductions (fp32: 1e-5, tested against
-every unshared layout).
+prompt's own tokens after it, a response ``p .. p + n - 1``), and the forward's attention
+(:class:`~recipe.mrtpo.core.tree_mask.TreeMask`: the tree's segments and their parents, nothing of size L x L) lets
+a prompt token attend to its own prompt's earlier tokens (wherever in the row the shared part lies) and a
+response token to its whole prompt and its own earlier tokens, nothing else. Each response token therefore sees
+exactly the keys, values and positions it sees in the unshared forward (a shared prefix token's keys and values
+depend only on that prefix): the logits agree up to the order of the floating-point reductions (fp32: 1e-5 on q,
+1e-4 on log-probs under FlexAttention's eager kernel, tested against every unshared layout).
 
 The planner keeps every sequence of a row in one forward and orders the kept logits row by row, each row's
 sequences in their order, so the reductions (:func:`recipe.mrtpo.core.passes.run_pass`'s ``consume``) see
@@ -22,17 +23,17 @@ exactly what the packed layout hands them (a row's reference before its variants
 token budget (its shared length: the prefix tree's tokens plus the responses) or over ``micro_batch_size``
 sequences, and only a bundle too big for a forward of its own is split, between rows.
 
-The mask is dense ([L, L], boolean, built on the forward's device), the exact path of SDPA and eager attention.
-flash-attention's varlen kernel cannot express a prefix shared by several sequences, so a pass that shares
-prompts on a module loaded with flash-attention (verl's default, the GPU scripts') runs its forwards under SDPA
-instead: :func:`pass_attention` names the attention a pass runs under, and :func:`attention_switched` sets the
-module's attention implementation for the pass and restores it after (the update's forwards keep
-flash-attention). Only where the model type runs one sequence per forward (``single``: recurrent layers), or a
-caller runs a pass under a varlen attention itself, does the engine keep the unshared layouts:
-:func:`shares_prompts` decides, and logs that fallback once per process; the worker counts it per pass
-(docs/design.md §5.3). Pure torch; reads sequences and settings by their fields (``row``, ``variant``,
-``prompt_len``, ``resp_len``; ``share_prompts``, ``packed_attention``, ``layout``) so that
-:mod:`recipe.mrtpo.core.passes` may import it.
+A shared forward runs under FlexAttention with the tree's block-sparse mask: :func:`hf_forward` switches the
+module to :data:`~recipe.mrtpo.core.tree_mask.TREE_ATTENTION` for that forward (:func:`attention_switched`), so
+any attention shares, flash-attention included, and the unshared forwards keep the module's own. Tokens are
+not the whole cost: :func:`plan_pass` keeps a forward shared only where the cost model
+(:mod:`recipe.mrtpo.core.attention_cost`: linear tokens and attention pairs in tiles, FLOPs by the model's shape)
+says it costs at most its sequences' unshared layout, else runs them unshared (logged once, counted per pass as
+``<pass>_unshared_by_cost``). Only where the model type runs one sequence per forward (``single``: recurrent
+layers) does the engine keep the unshared layouts for the whole pass: :func:`shares_prompts` decides, and logs
+that fallback once per process; the worker counts it per pass (docs/design.md §5.3). Pure torch; reads sequences
+and settings by their fields (``row``, ``variant``, ``prompt_len``, ``resp_len``; ``share_prompts``,
+``packed_attention``, ``layout``, ``model_shape``) so that :mod:`recipe.mrtpo.core.passes` may import it.
 """
 
 from __future__ import annotations
