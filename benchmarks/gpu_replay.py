@@ -40,13 +40,10 @@ floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a l
 a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
 
 ``--mix`` (default ``both``): ``if`` is the above, then the IF prompts in ``--heavy-groups`` groups of ``--group-n``
-responses (``--mix-lengths``' range) timed three ways (``benchmarks/gpu_prompt_heavy.py``): unshared (the module's
-attention: packed varlen under flash_attention_2), shared under the dense [L, L] mask the shared pass used before
-(SDPA) and shared block-sparse (the pass engine's: the prefix tree's FlexAttention, the cost model choosing per
-forward), with the counts (forwards, tokens forwarded, attention pairs, forwards run unshared by the cost model)
-and peak memory beside the times, ending ``gpu if: replay shared / unshared = X in time (dense mask Y), ...``;
-``prompt-heavy`` the same on groups whose prompts run to 1-4k tokens (responses 64-512), ending
-``gpu prompt-heavy: ...`` (both printed before the IF mix's last line).
+responses timed unshared (packed varlen under flash_attention_2), shared under the old dense [L, L] mask (SDPA) and
+shared block-sparse (the prefix tree's FlexAttention, the cost model choosing per forward), counts and peak memory
+beside the times (``benchmarks/gpu_prompt_heavy.py``), ending ``gpu if: replay shared / unshared = X in time (dense
+mask Y), ...``; ``prompt-heavy`` the same on prompts of 1-4k tokens (responses 64-512), before the IF's last line.
 ``--sample-responses`` (``benchmarks/gpu_sampling.py``): the responses of both mixes, and so the fused check and
 its floor, sampled from the model itself (seeded, ``--sample-temperature``, 0 greedy) instead of random ids; the
 per-length rows and the noise floor of q keep random ids. The weights are random either way; the output says

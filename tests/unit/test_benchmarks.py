@@ -126,8 +126,11 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
     from benchmarks import bench_shared_prompts
 
     for budget in (131_072, 8_192):
-        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget), "--repeats", "1"])
+        per_forward = ["--per-forward"] if budget == 8_192 else []
+        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget), "--repeats", "1", *per_forward])
         out = capsys.readouterr().out.splitlines()
+        fwd_lines = [line for line in out if re.match(r"\s*\w+ \| fwd +\d+ \| tokens ", line)]
+        assert len(fwd_lines) == (sum(len(r["cost"]["forwards"]) for r in res.values()) if per_forward else 0)
         rows = {r[0]: r for r in (_cells(line) for line in out) if len(r) == 16 and r[0] in ("if", "sql", "tool", "multi_turn")}
         assert set(rows) == set(res) == {"if", "sql", "tool", "multi_turn"}
         for name, r in res.items():
