@@ -46,8 +46,7 @@ beside the times (``benchmarks/gpu_prompt_heavy.py``), ending ``gpu if: replay s
 mask Y), ...``; ``prompt-heavy`` the same on prompts of 1-4k tokens (responses 64-512), before the IF's last line.
 ``--sample-responses`` (``benchmarks/gpu_sampling.py``): the responses of both mixes, and so the fused check and
 its floor, sampled from the model itself (seeded, ``--sample-temperature``, 0 greedy) instead of random ids; the
-per-length rows and the noise floor of q keep random ids. The weights are random either way; the output says
-which responses ran.
+per-length rows and the noise floor of q keep random ids. The weights are random; the output says which responses ran.
 """
 
 from __future__ import annotations
