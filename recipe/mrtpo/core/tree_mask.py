@@ -136,8 +136,9 @@ class TreeMask:
         S = len(self.starts)
         seg = np.full(n * B, S, dtype=np.int64)  # rows past L: a padding segment nothing attends to or from
         seg[: self.length] = self.segment_of_rows()
-        anc = np.full((S + 1, self.anc.shape[1]), -1, dtype=np.int64)
-        anc[:S] = self.anc
+        D = self.anc.shape[1]  # its width bucketed (8, 16, ...): a compiled kernel sees few distinct shapes
+        anc = np.full((S + 1, max(8, 1 << (D - 1).bit_length())), -1, dtype=np.int64)
+        anc[:S, :D] = self.anc
         seg_t, depth_t, anc_t = (torch.from_numpy(x).to(device) for x in (seg, np.append(self.depth, 0), anc))
 
         def mask_mod(b, h, q_idx, kv_idx):
