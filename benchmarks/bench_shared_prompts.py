@@ -34,9 +34,14 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks import shipped_mixes
+from recipe.mrtpo.core.attention_cost import ZERO, ModelShape, dense_counts, forward_flops, layout_counts, shared_pays, tree_counts
 from recipe.mrtpo.core.passes import PassSettings, forward_tokens, plan_forwards, response_lengths
 from recipe.mrtpo.core.replay import plan_sequences
-from recipe.mrtpo.core.shared_prompts import PromptTree, plan_shared_forwards, prompt_key, shared_tokens
+from recipe.mrtpo.core.shared_prompts import PromptTree, plan_shared_forwards, prompt_key, shared_forward_inputs, shared_tokens
+from recipe.mrtpo.core.tree_mask import TreeMask
+
+#: the scripts' models (their configs' shapes): the cost model's FLOPs
+SHAPES = {"1.5B": ModelShape(1536, 28, 8960, 151936, 12, 2, 128), "7B": ModelShape(3584, 28, 18944, 152064, 28, 4, 128)}
 
 
 def group_split(seqs: list, ids, uid: list, budget: int) -> tuple[int, int]:
@@ -46,6 +51,59 @@ def group_split(seqs: list, ids, uid: list, budget: int) -> tuple[int, int]:
         by.setdefault(uid[s.row], []).append(s)
     over = sum(1 for g in by.values() if shared_tokens(g, [prompt_key(ids, s) for s in g]) > budget)
     return len(by), over
+
+
+def attention_cost(batches: list, ids, responses) -> dict:
+    """Per shared forward: linear tokens, attention pairs computed (128 x 128 tiles) and exact for unshared varlen (the
+    forward's sequences packed under flash-attention), the old dense [L, L] mask (SDPA: every pair) and the
+    block-sparse tree; per shape of :data:`SHAPES` their FLOPs and the cost model's choice; the pass's totals."""
+    tot = {"varlen": ZERO, "dense": ZERO, "tree": ZERO}
+    small = {64: 0, 32: 0}  # the tree's tile pairs at smaller tiles (a kernel's other tile sizes)
+    flops = {k: {"varlen": 0.0, "dense": 0.0, "chosen": 0.0, "unshared": 0, "worst": 0.0} for k in SHAPES}
+    forwards = []
+    for mb in batches:
+        tree = shared_forward_inputs(mb, ids, responses)[1]
+        c = {"varlen": layout_counts(mb, "packed"), "tree": tree_counts(tree)}
+        c["dense"] = dense_counts(tree.length, c["tree"].exact_pairs)
+        for b in small:
+            small[b] += TreeMask(tree.starts, tree.ends, tree.parent, tree.length, b).block_counts().tile_pairs
+        for k in tot:
+            tot[k] += c[k]
+        for name, shape in SHAPES.items():
+            f = {k: forward_flops(shape, c[k]) for k in c}
+            pays = shared_pays(shape, c["tree"], c["varlen"])
+            flops[name]["varlen"] += f["varlen"]
+            flops[name]["dense"] += f["dense"]
+            flops[name]["chosen"] += f["tree"] if pays else f["varlen"]
+            flops[name]["unshared"] += not pays
+            flops[name]["worst"] = max(flops[name]["worst"], f["tree"] / f["varlen"])
+        forwards.append(c)
+    return {"totals": tot, "flops": flops, "forwards": forwards, "small": small}
+
+
+def print_cost(results: dict, per_forward: bool) -> None:
+    """The attention-cost table (:func:`attention_cost`), a row per mix and shape."""
+    print("attention cost per replay (sums over its shared forwards; pairs in 128 x 128 tiles, M = 1e6; FLOPs 1e15):")
+    print(f"{'mix':>10} | {'shape':>5} | {'tokens varlen / tree':>20} | {'pairs varlen / dense / tree':>27} | {'tree/exact':>10} | "
+          f"{'@64 / @32':>11} | {'PFLOP varlen / dense / chosen':>29} | {'chosen/vl':>9} | {'dense/vl':>8} | {'worst fwd':>9} | {'unshared':>8}")
+    for mix, r in results.items():
+        t, c = r["cost"]["totals"], r["cost"]
+        for name, f in c["flops"].items():
+            print(f"{mix:>10} | {name:>5} | {t['varlen'].tokens:>9,} / {t['tree'].tokens:>8,} | {t['varlen'].pairs / 1e6:>8.0f} / "
+                  f"{t['dense'].pairs / 1e6:>7.0f} / {t['tree'].pairs / 1e6:>6.0f} | {t['tree'].pairs / t['tree'].exact_pairs:>10.3f} | "
+                  f"{c['small'][64] / t['tree'].exact_pairs:>5.3f} / {c['small'][32] / t['tree'].exact_pairs:>5.3f} | {f['varlen'] / 1e15:>9.3f} / {f['dense'] / 1e15:>7.3f} / {f['chosen'] / 1e15:>7.3f} | "
+                  f"{f['chosen'] / f['varlen']:>9.3f} | {f['dense'] / f['varlen']:>8.3f} | {f['worst']:>9.3f} | "
+                  f"{f['unshared']:>3}/{len(c['forwards']):<4}")
+        if per_forward:
+            for i, fc in enumerate(c["forwards"]):
+                print(f"{mix:>10} | fwd {i:>3} | tokens {fc['varlen'].tokens:,} / {fc['tree'].tokens:,} | pairs (M) "
+                      f"{fc['varlen'].pairs / 1e6:.1f} / {fc['dense'].pairs / 1e6:.1f} / {fc['tree'].pairs / 1e6:.1f} | tree exact "
+                      f"{fc['tree'].exact_pairs / 1e6:.1f}")
+    print("(varlen: each forward's sequences packed, every prompt whole, each sequence's causal triangle; dense: the "
+          "shared row under the old [L, L] mask, all L^2 pairs; tree: the block-sparse mask's tiles; tree/exact: its "
+          "tiles' pairs over the tree's allowed pairs (@64 / @32: at 64- and 32-token tiles); chosen: per forward the tree where the cost model says it pays, "
+          "else varlen; worst fwd: the largest tree / varlen FLOPs of one forward; unshared: forwards the cost model "
+          "runs unshared / forwards)")
 
 
 def bench_mix(mix: str, rows: list, tok, args) -> dict:
@@ -84,6 +142,7 @@ def bench_mix(mix: str, rows: list, tok, args) -> dict:
            "rollout_matched": sum(v >= 0 for v in plan.rollout_variant) / max(1, len(plan.rows)),
            "plan_s_per_1024": plan_s * per, "plan_cpu_s_per_1024": plan_cpu * per, "shared_plan_s_per_1024": shared_s * per,
            "plan_median_s_per_1024": total_median * per, "split": split, "groups": groups}
+    out["cost"] = attention_cost(batches, ids, plan.inputs["responses"])
     print(f"{mix:>10} | {out['before']:>6.2f} | {out['after']:>6.2f} | {out['limit']:>6.2f} | {out['ratio']:>7.3f} | "
           f"{out['floor']:>6.2f} | "
           f"{before:>11,} | {after:>10,} | {limit:>10,} | {response:>9,} | {int(prompt):>6,} | {len(batches):>5} | "
@@ -100,6 +159,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="plans per mix, each with fresh caches: the times are the best of them")
     ap.add_argument("--mixes", nargs="+", default=list(shipped_mixes.MIXES), choices=list(shipped_mixes.MIXES))
+    ap.add_argument("--per-forward", action="store_true", help="also print every shared forward's counts")
     args = ap.parse_args(argv)
     tok = shipped_mixes.tokenizer()
     print(f"replay of {args.responses} responses (groups of {args.n}) on the shipped data, token budget {args.budget:,} "
@@ -117,6 +177,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
           "split: groups over the budget / groups; plan s: the driver's replay plan (wall), plan cpu: its CPU seconds "
           "(the work, whatever the machine's load), share s: the shared forwards' plan, all per 1,024 responses, the best "
           f"of {args.repeats} plans)")
+    print_cost(results, args.per_forward)
+    tiles = max(r["cost"]["totals"]["tree"].pairs / r["cost"]["totals"]["tree"].exact_pairs for r in results.values())
+    chosen = max(r["cost"]["flops"]["7B"]["chosen"] / r["cost"]["flops"]["7B"]["varlen"] for r in results.values())
+    dense = max(r["cost"]["flops"]["7B"]["dense"] / r["cost"]["flops"]["7B"]["varlen"] for r in results.values())
+    print(f"attention: tree tiles / exact pairs <= {tiles:.3f} on every mix; at 7B chosen / varlen FLOPs <= {chosen:.3f} "
+          f"(the old dense mask: up to {dense:.3f})")
     worst = max(r["plan_s_per_1024"] + r["shared_plan_s_per_1024"] for r in results.values())
     worst_median = max(r["plan_median_s_per_1024"] for r in results.values())
     print(f"shared prompts: after / limit <= {max(r['ratio'] for r in results.values()):.3f} on every mix; "

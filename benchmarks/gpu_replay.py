@@ -39,15 +39,14 @@ the threshold the trainer's check fails above), and the noise
 floor of q (``benchmarks/bench_noise_floor.py``: P_all against itself beside a longer sequence, and the q of
 a real variant). The last line is ``gpu mix: replay / (variants x old_log_prob) = X``.
 
-``--mix`` (default ``both``): ``if`` is the above; ``prompt-heavy`` (``benchmarks/gpu_prompt_heavy.py``) groups
-of ``--group-n`` responses sharing their prompt variants (prompts 1-4k tokens, responses 64-512), the replay
-timed with the pass engine's ``share_prompts`` off and on (on runs under SDPA: on a flash_attention_2 model the
-attention is switched for that pass, as the worker does), the counts (forwards, tokens forwarded, the limit) beside the times, ending
-``gpu prompt-heavy: replay shared / unshared = X in time, ...`` (printed before the IF mix's last line).
+``--mix`` (default ``both``): ``if`` is the above, then the IF prompts in ``--heavy-groups`` groups of ``--group-n``
+responses timed unshared (packed varlen under flash_attention_2), shared under the old dense [L, L] mask (SDPA) and
+shared block-sparse (the prefix tree's FlexAttention, the cost model choosing per forward), counts and peak memory
+beside the times (``benchmarks/gpu_prompt_heavy.py``), ending ``gpu if: replay shared / unshared = X in time (dense
+mask Y), ...``; ``prompt-heavy`` the same on prompts of 1-4k tokens (responses 64-512), before the IF's last line.
 ``--sample-responses`` (``benchmarks/gpu_sampling.py``): the responses of both mixes, and so the fused check and
 its floor, sampled from the model itself (seeded, ``--sample-temperature``, 0 greedy) instead of random ids; the
-per-length rows and the noise floor of q keep random ids. The weights are random either way; the output says
-which responses ran.
+per-length rows and the noise floor of q keep random ids. The weights are random; the output says which responses ran.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ from benchmarks.bench_noise_floor import noise_floor  # noqa: E402  (torch + tra
 from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups  # noqa: E402
 from benchmarks.gpu_sampling import sample_responses  # noqa: E402
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance  # noqa: E402  (torch-only core)
+from recipe.mrtpo.tree_attention import register_tree_attention  # noqa: E402  (transformers + the core)
 
 QWEN25_7B = dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -101,6 +101,7 @@ def build_model(args):
     finally:
         torch.set_default_dtype(default)
     model.set_attn_implementation(args.attn)  # transformers' public switch (checks flash-attn is importable)
+    register_tree_attention()  # the shared forwards' attention, as the worker registers it
     return model.eval()
 
 
@@ -353,8 +354,8 @@ def main(argv: Optional[list[str]] = None) -> float:
     ap.add_argument("--floor-response-len", type=int, default=1024)
     ap.add_argument("--mix", choices=("if", "prompt-heavy", "both"), default="both",
                     help="the IF mix (lengths table, checks, floor), the prompt-heavy mix (shared prompts off / on), or both")
-    ap.add_argument("--group-n", type=int, default=4, help="prompt-heavy: responses per prompt (rollout.n)")
-    ap.add_argument("--heavy-groups", type=int, default=4, help="prompt-heavy: groups (distinct prompts)")
+    ap.add_argument("--group-n", type=int, default=4, help="the grouped mixes: responses per prompt (rollout.n)")
+    ap.add_argument("--heavy-groups", type=int, default=4, help="the grouped mixes: groups (distinct prompts)")
     ap.add_argument("--heavy-prompt-len", nargs=2, type=int, default=[1024, 4096], metavar=("LO", "HI"))
     ap.add_argument("--heavy-response-len", nargs=2, type=int, default=[64, 512], metavar=("LO", "HI"))
     ap.add_argument("--sample-responses", action="store_true",
@@ -390,16 +391,20 @@ def main(argv: Optional[list[str]] = None) -> float:
                  if args.sample_responses else "random ids")
     print(f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, token_budget={args.token_budget}, variants up to "
           f"{args.variants}, compile_js={args.compile_js}, best of {args.repeats}, mix {args.mix}, responses: {responses}")
+    grouped = []
     if run_if:
         mix = bench_if_mix(model, args, g)
+        grouped.append(("if", tuple(args.prompt_len), (min(args.mix_lengths), max(args.mix_lengths))))
     if run_heavy:
-        heads = make_rows([1] * args.heavy_groups, tuple(args.heavy_prompt_len), args.variants, args.vocab, g, vary_nv=True)
-        var, lens, responses, mask, pair = expand_groups(heads, args.group_n, tuple(args.heavy_response_len), args.vocab, g)
+        grouped.append(("prompt-heavy", tuple(args.heavy_prompt_len), tuple(args.heavy_response_len)))
+    for label, prompt_len, response_len in grouped:  # unshared, dense-mask shared, block-sparse shared
+        heads = make_rows([1] * args.heavy_groups, prompt_len, args.variants, args.vocab, g, vary_nv=True)
+        var, lens, responses, mask, pair = expand_groups(heads, args.group_n, response_len, args.vocab, g)
         responses, note = maybe_sampled(model, var, lens, responses, args)
         heavy = bench_prompt_heavy(model, (var, lens, responses, mask, pair), args,
-                                   lambda fn: best_time(fn, args.repeats, args.device), note)
+                                   lambda fn: best_time(fn, args.repeats, args.device), note, label)
     if not run_if:
-        return heavy["on"]["time"] / heavy["off"]["time"] if "on" in heavy else float("nan")
+        return heavy["flex"]["time"] / heavy["off"]["time"]
     print(f"gpu mix: replay / (variants x old_log_prob) = {mix['x']:.2f}")
     return mix["x"]
 

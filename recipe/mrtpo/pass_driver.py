@@ -70,10 +70,11 @@ class PassRequest:
 
 
 def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
-    """Per-rank cost of a pass from the workers' [R', 5] counts (each rank's rows carry its own: forwards,
-    agreed forwards, tokens forwarded, tokens existing, the share_prompts fallback; the rows are split over
+    """Per-rank cost of a pass from the workers' [R', 7] counts (each rank's rows carry its own: forwards,
+    agreed forwards, tokens forwarded, tokens existing, the share_prompts fallback, by cost, attention pairs; the rows are split over
     ranks in contiguous chunks): the most and fewest forwards and tokens of a rank, the agreement's padding
-    forwards, the forwarded over existing tokens and the ranks that could not share prompts."""
+    forwards, the forwarded over existing tokens, the ranks that could not share prompts, the shared forwards the
+    cost model ran unshared and the most attention pairs a rank computed."""
     chunks = [c[0] for c in torch.as_tensor(counts).long().chunk(max(1, dp_size)) if c.shape[0]]
     own = [int(c[0]) for c in chunks]
     m = {
@@ -86,8 +87,11 @@ def pass_metrics(counts: torch.Tensor, dp_size: int, prefix: str) -> dict:
         m[f"{prefix}_tokens_max"] = max(tokens)
         m[f"{prefix}_tokens_min"] = min(tokens)
         m[f"{prefix}_tokens_over_existing"] = sum(tokens) / max(1, sum(int(c[3]) for c in chunks))
-    if chunks[0].shape[0] >= 5:  # ranks whose pass ran unshared although mrtpo.share_prompts is on (flash-attention)
+    if chunks[0].shape[0] >= 5:  # ranks whose pass ran unshared although mrtpo.share_prompts is on (recurrent layers)
         m[f"{prefix}_unshared_fallback"] = sum(int(c[4]) for c in chunks)
+    if chunks[0].shape[0] >= 7:  # shared forwards the cost model ran unshared; attention pairs computed (docs/design.md §5.3)
+        m[f"{prefix}_unshared_by_cost"] = sum(int(c[5]) for c in chunks)
+        m[f"{prefix}_attention_pairs_max"] = max(int(c[6]) for c in chunks)
     return m
 
 

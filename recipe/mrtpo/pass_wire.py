@@ -12,8 +12,11 @@ from verl.utils import tensordict_utils as tu
 from recipe.mrtpo.core.passes import PassSettings, sync_max_over_ranks
 from recipe.mrtpo.core.shared_prompts import share_fallback_reason
 
-#: the per-row forward counts a pass answers (``pass_counts``), in this order
+#: the per-row forward counts a pass answers (``pass_counts``), in this order; the share_prompts fallback after them,
+#: then :data:`COST_KEYS`
 COUNT_KEYS = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
+#: the shared forwards the cost model ran unshared and the attention pairs computed (``core.passes.PassCounts``)
+COST_KEYS = ("unshared_by_cost", "attention_pairs")
 
 
 def sync_max(n: int) -> int:
@@ -39,9 +42,11 @@ def wire_settings(data: TensorDict, keys: tuple[str, ...], method: str, attn: st
 
 
 def pass_counts(out: dict, rows: int, settings: PassSettings) -> torch.Tensor:
-    """[rows, 5] long: this rank's own and agreed forward counts, its forwarded and existing tokens, and 1 where
-    ``share_prompts`` was on but could not apply (``core.shared_prompts.share_fallback_reason``), the same on
-    each of its rows (the driver reads one row per rank)."""
+    """[rows, 7] long: this rank's own and agreed forward counts, its forwarded and existing tokens, 1 where
+    ``share_prompts`` was on but could not apply (``core.shared_prompts.share_fallback_reason``), its shared forwards
+    run unshared by the cost model and its attention pairs computed (0 where ``out`` lacks them), the same on each
+    of its rows (the driver reads one row per rank)."""
     fallback = int(share_fallback_reason(settings) is not None)
-    counts = torch.tensor([int(out[k]) for k in COUNT_KEYS] + [fallback], dtype=torch.long)
+    cost = [int(out.get(k, 0)) for k in COST_KEYS]
+    counts = torch.tensor([int(out[k]) for k in COUNT_KEYS] + [fallback] + cost, dtype=torch.long)
     return counts.expand(rows, counts.numel()).clone()

@@ -30,7 +30,8 @@ The functions other modules restate or follow are pinned by name -> sha256 of th
 log-prob numerics (:data:`NUMERICS_SOURCES`) and the self-teachers' distillation path
 (:data:`DISTILLATION_SOURCES`); the BFCL agent loop's verl pieces and bfcl-eval's functions in
 :mod:`recipe.mrtpo.agent.pins`; the rollout's per-request seeds in :mod:`recipe.mrtpo.rollout_seed`; SDPO's in
-:mod:`recipe.mrtpo.methods.sdpo.pins`.
+:mod:`recipe.mrtpo.methods.sdpo.pins`; transformers' mask pass-through and attention registry, which the shared
+forwards' block-sparse attention relies on, in :mod:`recipe.mrtpo.tree_attention`.
 """
 
 from __future__ import annotations

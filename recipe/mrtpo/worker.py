@@ -27,15 +27,16 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from recipe.mrtpo.core.attention_cost import ModelShape
 from recipe.mrtpo.core.model_support import module_config
 from recipe.mrtpo.core.passes import PassSettings, hf_forward
 from recipe.mrtpo.core.replay import replay_relevance
-from recipe.mrtpo.core.shared_prompts import attention_switched, pass_attention
 from recipe.mrtpo.methods.actor_part import ActorPart, rank_file
 from recipe.mrtpo.methods.opsd.actor import opsd_teacher_rows
 from recipe.mrtpo.methods.sdpo.actor import TEACHER_DIR, sdpo_rows
 from recipe.mrtpo.methods.types import ActorPartRef
 from recipe.mrtpo.pass_wire import pass_counts, sync_max, wire_settings
+from recipe.mrtpo.tree_attention import register_tree_attention
 
 #: the non-tensor settings the trainer sends with the rows (``replay_driver.run_replay``): the pass engine's
 #: (:class:`recipe.mrtpo.core.passes.PassSettings`; ``layout`` optional, "auto") and the replay's own
@@ -71,6 +72,22 @@ def model_type(module) -> str:
     """The module's ``config.model_type`` ("" when it has none): the row of the model table it takes."""
     cfg = module_config(module)
     return str(getattr(cfg, "model_type", "") or "") if cfg is not None else ""
+
+
+_SHAPE_LOGGED: set = set()
+
+
+def model_shape(module):
+    """The module's :class:`~recipe.mrtpo.core.attention_cost.ModelShape` (the shared-prompt cost model's), or None
+    where its config lacks the keys: every forward of a shared pass then stays shared (logged once)."""
+    cfg = module_config(module)
+    try:
+        return ModelShape.from_config(cfg) if cfg is not None else None
+    except ValueError as e:
+        if str(e) not in _SHAPE_LOGGED:
+            _SHAPE_LOGGED.add(str(e))
+            logger.warning("mrtpo.share_prompts: %s; every shared forward stays shared", e)
+        return None
 
 
 def check_pass_model(module, what: str) -> None:
@@ -134,7 +151,7 @@ def replay_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = ""
     ``pair_variant``, optionally ``logprob_variant``: whose log-probs to return) and the
     :data:`REPLAY_SETTINGS`. Returns, per row, ``variant_relevance`` [R, NV', T] in
     :data:`RELEVANCE_DTYPE` (one row per variant; the driver maps them to rewards), ``replay_logprobs``
-    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 5] (``pass_wire.pass_counts``);
+    [R, T] fp32 (the consistency check needs fp32), and ``replay_forwards`` [R, 7] (``pass_wire.pass_counts``);
     with the optional setting ``fused`` also ``replay_entropy`` [R, T] fp32 (verl's ``entropy`` field).
     """
     settings, wire = wire_settings(data, REPLAY_SETTINGS, "compute_replay_relevance", attn, **model)
@@ -209,8 +226,9 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """``rows_fn(forward, data, device, sync, attn, **model)`` through an FSDP engine's module (the actor's
         unless ``engine`` is given) in eval mode, without gradients, each forward under verl's autocast
         (:func:`engine_autocast`), the reductions rounded as verl's (:func:`verl_numerics`), the layout by the
-        model table (the shared body of the passes above). A pass sharing prompts on a flash-attention module runs
-        under SDPA, the module's attention switched for the pass only (``core.shared_prompts.pass_attention``)."""
+        model table (the shared body of the passes above). A pass sharing prompts runs its shared forwards under the
+        prefix tree's FlexAttention (``tree_attention``; ``core.passes.hf_forward`` switches the module per forward),
+        each kept shared where the cost model over the module's shape says it pays (:func:`model_shape`)."""
         engine = self.actor.engine if engine is None else engine
         sp = getattr(engine, "ulysses_sequence_parallel_size", 1) or 1
         if sp > 1:
@@ -219,11 +237,9 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             module = engine.module
             check_pass_model(module, what)
             device = pass_device()
-            mtype = model_type(module)
-            attn = pass_attention(bool(tu.get(data, key="share_prompts") or False), attn_implementation(module), mtype)
-            with attention_switched(module, attn):
-                return rows_fn(autocast_forward(hf_forward(module), engine), data, device, sync_max, attn,
-                               model_type=mtype, **verl_numerics(engine, device))
+            register_tree_attention()
+            return rows_fn(autocast_forward(hf_forward(module), engine), data, device, sync_max, attn_implementation(module),
+                           model_type=model_type(module), model_shape=model_shape(module), **verl_numerics(engine, device))
 
     # ------------------------------------------------------------------ SDPO (docs/opsd.md, SDPO)
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))

@@ -8,9 +8,10 @@ rows' P_all is their rollout prompt and others need a rollout-prompt row in the 
 sharing on and off; checked, in fp32:
 
 - the fused old_log_prob step: verl's ``old_log_probs`` and ``entropy`` written to TransferQueue, and the
-  replay's q as the worker computed it (fp32, before the bf16 hand-back), equal to 1e-5; the bf16 q handed
-  back and the advantages equal; with sharing the pass forwards fewer tokens, and no fallback is counted;
-- OPSD's teacher pass on the reference worker: the teacher's top-k ids equal, its log-probs to 1e-5.
+  replay's q as the worker computed it (fp32, before the bf16 hand-back), equal (log-probs and entropy to 1e-4, q
+  to 2e-4: FlexAttention's eager kernel rounds 6e-7 relative on the sharpened model's logits of ~50, which q's
+  divergences amplify; a wrong mask moves them by O(0.1)); the advantages from the bf16 q handed back to 1e-3; with sharing the pass forwards fewer tokens, and no fallback is counted;
+- OPSD's teacher pass on the reference worker: the teacher's top-k ids equal, its log-probs to 1e-4.
 """
 
 from __future__ import annotations
@@ -115,17 +116,23 @@ def test_fused_step_and_replay_with_shared_prompts_equal_the_unshared_ones(monke
     off, m_off, w_off = run_steps(monkeypatch, tiny, False, *overrides)
     for key in ("old_log_probs", "entropy"):  # verl's fields as the fused step writes them (fp32)
         a, b = values(on[key]), values(off[key])
-        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (key, float((a - b).abs().max()))
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4), (key, float((a - b).abs().max()))
     assert len(w_on) == len(w_off) == 1
-    for key in ("variant_relevance", "replay_logprobs", "replay_entropy"):  # the worker's fp32 q, log-probs, entropy
-        assert torch.allclose(w_on[0][key], w_off[0][key], atol=1e-5), (key, float((w_on[0][key] - w_off[0][key]).abs().max()))
+    for key, tol in (("variant_relevance", 2e-4), ("replay_logprobs", 1e-4), ("replay_entropy", 1e-4)):  # the worker's fp32
+        assert torch.allclose(w_on[0][key], w_off[0][key], atol=tol), (key, float((w_on[0][key] - w_off[0][key]).abs().max()))
     assert float(w_on[0]["variant_relevance"].max()) > 1e-2  # q is not trivially 0
-    assert torch.allclose(values(on["advantages"]), values(off["advantages"]), atol=1e-5)
+    # a q moved by 1e-4 may round to the neighbouring bf16 value when handed back: the advantages move by ~1e-4
+    assert torch.allclose(values(on["advantages"]), values(off["advantages"]), atol=1e-3)
     assert m_on["mrtpo/pairs_replayed"] == m_off["mrtpo/pairs_replayed"] == 10
     # the same rows, fewer tokens: group a's 3 responses share P_all (= the rollout prompt) and each P_minus_k
     assert m_on["mrtpo/replay_tokens_over_existing"] < 0.8 * m_off["mrtpo/replay_tokens_over_existing"]
     assert m_on["mrtpo/replay_tokens_max"] < m_off["mrtpo/replay_tokens_max"]
     assert m_on["mrtpo/replay_unshared_fallback"] == 0 == m_off["mrtpo/replay_unshared_fallback"]
+    # the worker's cost model over the tiny model's shape (hidden 64: attention weighs more than at 7B) may run a
+    # forward unshared; with sharing off nothing is
+    assert 0 <= m_on["mrtpo/replay_unshared_by_cost"] <= m_on["mrtpo/replay_forwards_max"]
+    assert m_off["mrtpo/replay_unshared_by_cost"] == 0
+    assert 0 < m_on["mrtpo/replay_attention_pairs_max"]
 
 
 def test_opsd_teacher_topk_with_shared_prompts_equals_the_unshared_one(monkeypatch, tiny):  # noqa: F811
@@ -133,16 +140,16 @@ def test_opsd_teacher_topk_with_shared_prompts_equals_the_unshared_one(monkeypat
     off, m_off, _ = run_steps(monkeypatch, tiny, False, *OPSD, opsd=True)
     assert torch.equal(values(on["teacher_ids"]), values(off["teacher_ids"]))
     lp_on, lp_off = values(on["teacher_logprobs"]), values(off["teacher_logprobs"])
-    assert torch.allclose(lp_on, lp_off, atol=1e-5), float((lp_on - lp_off).abs().max())
+    assert torch.allclose(lp_on, lp_off, atol=1e-4), float((lp_on - lp_off).abs().max())
     assert float(lp_on.abs().max()) > 0
     assert m_on["mrtpo/opsd/teacher_tokens_over_existing"] < 0.8 * m_off["mrtpo/opsd/teacher_tokens_over_existing"]
     assert m_on["mrtpo/opsd/teacher_unshared_fallback"] == 0
 
 
-def test_share_prompts_on_flash_attention_runs_the_passes_under_sdpa(monkeypatch, tiny, caplog):  # noqa: F811
-    """The same step with the module reporting flash_attention_2 (what verl loads on a GPU): the shared passes
-    switch the module's attention to SDPA for the pass (one warning says so), share their prompts (no fallback
-    counted), equal the unshared step, and leave the module's attention as it was."""
+def test_share_prompts_on_flash_attention_runs_the_shared_forwards_under_the_tree_attention(monkeypatch, tiny, caplog):  # noqa: F811
+    """The same step with the module reporting flash_attention_2 (what verl loads on a GPU): the shared forwards
+    switch the module's attention to the tree's FlexAttention for the forward (one warning says so), share their
+    prompts (no fallback counted), equal the unshared step, and leave the module's attention as it was."""
     import recipe.mrtpo.core.shared_prompts as sp
     import recipe.mrtpo.worker as worker_mod
 
@@ -169,14 +176,14 @@ def test_share_prompts_on_flash_attention_runs_the_passes_under_sdpa(monkeypatch
     with caplog.at_level("WARNING", logger="recipe.mrtpo.core.shared_prompts"):
         on, m_on, w_on = run_steps(monkeypatch, tiny, True, *overrides)
     assert model.config._attn_implementation == "flash_attention_2"  # restored after the passes
-    assert "sdpa" in seen_attn
+    assert "mrtpo_tree_flex" in seen_attn and "sdpa" not in seen_attn
     lines = [r.getMessage() for r in caplog.records if "share_prompts" in r.getMessage()]
-    assert len(lines) == 1 and "flash_attention_2" in lines[0] and "sdpa" in lines[0]
+    assert len(lines) == 1 and "flash_attention_2" in lines[0] and "mrtpo_tree_flex" in lines[0]
     assert m_on["mrtpo/replay_unshared_fallback"] == 0
     assert m_on["mrtpo/replay_tokens_over_existing"] < 0.8  # shared: fewer tokens than the sequences hold
     monkeypatch.setattr(type(model), "forward", real_forward)
     monkeypatch.setattr(model.config, "_attn_implementation", own)
     off, _, w_off = run_steps(monkeypatch, tiny, False, *overrides)
-    for key in ("variant_relevance", "replay_logprobs", "replay_entropy"):
-        assert torch.allclose(w_on[0][key], w_off[0][key], atol=1e-5), key
-    assert torch.allclose(values(on["old_log_probs"]), values(off["old_log_probs"]), atol=1e-5)
+    for key, tol in (("variant_relevance", 2e-4), ("replay_logprobs", 1e-4), ("replay_entropy", 1e-4)):
+        assert torch.allclose(w_on[0][key], w_off[0][key], atol=tol), key
+    assert torch.allclose(values(on["old_log_probs"]), values(off["old_log_probs"]), atol=1e-4)

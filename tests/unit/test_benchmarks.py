@@ -126,9 +126,12 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
     from benchmarks import bench_shared_prompts
 
     for budget in (131_072, 8_192):
-        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget), "--repeats", "1"])
+        per_forward = ["--per-forward"] if budget == 8_192 else []
+        res = bench_shared_prompts.main(["--responses", "64", "--budget", str(budget), "--repeats", "1", *per_forward])
         out = capsys.readouterr().out.splitlines()
-        rows = {r[0]: r for r in (_cells(line) for line in out) if r and r[0] in ("if", "sql", "tool", "multi_turn")}
+        fwd_lines = [line for line in out if re.match(r"\s*\w+ \| fwd +\d+ \| tokens ", line)]
+        assert len(fwd_lines) == (sum(len(r["cost"]["forwards"]) for r in res.values()) if per_forward else 0)
+        rows = {r[0]: r for r in (_cells(line) for line in out) if len(r) == 16 and r[0] in ("if", "sql", "tool", "multi_turn")}
         assert set(rows) == set(res) == {"if", "sql", "tool", "multi_turn"}
         for name, r in res.items():
             before, after, limit, resp = (int(rows[name][i].replace(",", "")) for i in (6, 7, 8, 9))
@@ -144,6 +147,20 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
         # prompt; a tool-calling row whose only appended Z is removed replays its rollout prompt
         assert res["if"]["rollout_matched"] == 1.0 and res["tool"]["rollout_matched"] > 0
         assert re.fullmatch(r"shared prompts: after / limit <= \d+\.\d{3} on every mix; planning <= \d+\.\d{3} s per 1,024 responses \(best of 1; median \d+\.\d{3}\)", out[-1])
+        # the attention cost: per mix and shape, the tree's tokens are the shared forwards' (after), its tile pairs at
+        # least its exact pairs (and fewer at smaller tiles), the dense mask every pair of each shared row
+        cost = {(r[0], r[1]): r for r in (_cells(line) for line in out) if len(r) == 11 and r[1] in ("1.5B", "7B")}
+        assert {k[0] for k in cost} == set(res) and len(cost) == 8
+        for (name, shape), r in cost.items():
+            t = res[name]["cost"]["totals"]
+            assert int(r[2].split("/")[1].replace(",", "")) == t["tree"].tokens == int(rows[name][7].replace(",", ""))
+            assert t["dense"].pairs >= t["tree"].pairs >= t["tree"].exact_pairs and float(r[4]) >= 1.0
+            assert float(r[4]) >= float(r[5].split("/")[0]) >= float(r[5].split("/")[1]) >= 1.0
+            f = res[name]["cost"]["flops"][shape]
+            assert f["chosen"] <= f["varlen"] and float(r[7]) == pytest.approx(f["chosen"] / f["varlen"], abs=6e-4)
+        tiles = re.fullmatch(r"attention: tree tiles / exact pairs <= (\d+\.\d{3}) on every mix; at 7B chosen / varlen "
+                             r"FLOPs <= (\d+\.\d{3}) \(the old dense mask: up to (\d+\.\d{3})\)", out[-2])
+        assert tiles and float(tiles.group(2)) <= 1.0, out[-2]
 
 
 BLOCK_HEAVY_IMPORTS = """
@@ -249,9 +266,11 @@ def test_sampled_responses_are_the_models_own_greedy_and_seeded_tokens():
 
 def test_gpu_replay_prompt_heavy_mix_counts_shared_below_unshared_on_sampled_responses(tmp_path):
     """--mix prompt-heavy --sample-responses at a tiny shape (verl & co. unimportable, as on the GPU machine): the
-    table's counts are consistent (shared forwards fewer tokens and no more forwards than unshared, never under
-    the limit; per-response-token column = tokens / response tokens), the shared pass equals the unshared in fp32,
-    the ratio line agrees with the table, and the output says the responses were sampled (greedy)."""
+    table's three rows (unshared, the old dense mask, block-sparse) are consistent (the dense row forwards every
+    forward shared: fewer tokens and no more forwards than unshared, never under the limit, every pair of its rows,
+    more than the block-sparse one; the block-sparse row between them, as many tokens as the dense one unless the
+    cost model ran forwards unshared; per-response-token column = tokens / response tokens), both shared passes equal the
+    unshared one in fp32, the ratio line agrees with the table, and the output says the responses were sampled."""
     script = BLOCK_HEAVY_IMPORTS % str(REPO / "benchmarks" / "gpu_replay.py")
     args = ["--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
             "--intermediate", "128", "--vocab", "1000", "--repeats", "1", "--no-compile-js", "--mix", "prompt-heavy",
@@ -266,50 +285,58 @@ def test_gpu_replay_prompt_heavy_mix_counts_shared_below_unshared_on_sampled_res
                                                                  "model (temperature 0.0, seed 0)")
     assert "rep/(NV x olp)" not in text  # the IF mix did not run
     intro = next(line for line in out if line.startswith("prompt-heavy mix: 3 groups x 3 responses"))
-    lp = re.search(r"responses 4-16 \(sampled from the model, temperature 0\.0, seed 0, in \S+s: mean log p (\S+), "
+    lp = re.search(r"\(sampled from the model, temperature 0\.0, seed 0, in \S+s: mean log p (\S+), "
                    r"random ids' -log V = (\S+)\)", intro)
     assert lp and float(lp.group(1)) > float(lp.group(2)), intro  # greedy: above the uniform model's log p
-    rows = {r[0]: r for r in (_cells(line) for line in out) if r[0] in ("off", "on")}
-    assert set(rows) == {"off", "on"}
+    rows = {r[0]: r for r in (_cells(line) for line in out) if r[0] in ("off", "dense", "flex")}
+    assert set(rows) == {"off", "dense", "flex"}
     fwds, tokens = ({k: int(rows[k][i].replace(",", "")) for k in rows} for i in (1, 2))
+    pairs = {k: float(rows[k][4].rstrip("M")) for k in rows}
     limit = re.search(r"prompt-heavy: limit ([\d,]+) tokens \(distinct prompt-variant tokens once \+ ([\d,]+) response", text)
     assert limit, text
     limit_tok, resp_tok = (int(limit.group(i).replace(",", "")) for i in (1, 2))
-    assert limit_tok <= tokens["on"] < tokens["off"] and fwds["on"] <= fwds["off"], (tokens, fwds, limit_tok)
+    by_cost = int(rows["flex"][5])  # the tiny model's cost model runs some forwards unshared (attention-heavy at hidden 64)
+    assert limit_tok <= tokens["dense"] <= tokens["flex"] <= tokens["off"] and fwds["dense"] <= fwds["off"], (tokens, fwds)
+    assert (tokens["flex"] == tokens["dense"]) == (by_cost == 0) and tokens["dense"] < tokens["off"]
+    assert pairs["dense"] > pairs["flex"]  # the old mask computes every pair of its rows
     for k in rows:
         assert float(rows[k][3]) == pytest.approx(tokens[k] / resp_tok, abs=0.006)
-    exact = re.search(r"shared vs unshared: max \|dq\| = (\S+), max \|d log p\| of P_all = (\S+) ", text)
-    assert exact and float(exact.group(1)) < 1e-5 and float(exact.group(2)) < 1e-4, text
-    last = re.fullmatch(r"gpu prompt-heavy: replay shared / unshared = (\d+\.\d\d) in time, (\d+\.\d\d) in tokens "
-                        r"forwarded, (\d+\.\d\d) in forwards", out[-1])
-    assert last and float(last.group(1)) > 0, out[-1]
-    assert float(last.group(2)) == pytest.approx(tokens["on"] / tokens["off"], abs=0.006)
-    assert float(last.group(3)) == pytest.approx(fwds["on"] / fwds["off"], abs=0.006)
+    for mode in ("dense", "flex"):
+        exact = re.search(rf"prompt-heavy: {mode} vs unshared: max \|dq\| = (\S+), max \|d log p\| of P_all = (\S+) ", text)
+        assert exact and float(exact.group(1)) < 1e-5 and float(exact.group(2)) < 1e-4, text
+    last = re.fullmatch(r"gpu prompt-heavy: replay shared / unshared = (\d+\.\d\d) in time \(dense mask (\d+\.\d\d)\), "
+                        r"(\d+\.\d\d) in tokens forwarded, (\d+\.\d\d) in forwards; peak GiB nan / nan / nan", out[-1])
+    assert last and float(last.group(1)) > 0 and float(last.group(2)) > 0, out[-1]
+    assert float(last.group(3)) == pytest.approx(tokens["flex"] / tokens["off"], abs=0.006)
+    assert float(last.group(4)) == pytest.approx(fwds["flex"] / fwds["off"], abs=0.006)
 
 
-def test_gpu_replay_prompt_heavy_times_the_shared_pass_under_sdpa_on_flash_attention(capsys):
-    """Under flash_attention_2 the unshared replay runs packed (varlen) and the shared one under SDPA, the model's
-    attention switched for it as the worker does, and restored (no flash-attn needed: only the layout decision
-    reads the attention's name; the tiny model runs SDPA on CPU either way)."""
+def test_gpu_replay_prompt_heavy_times_the_three_paths_under_their_attentions(capsys):
+    """On a flash_attention_2 model the unshared replay runs packed (varlen) under the module's own attention, the
+    dense-mask baseline under SDPA and the block-sparse one under the tree's FlexAttention, switched per forward and
+    restored (no flash-attn needed: the spy runs SDPA where the module names flash_attention_2)."""
     import argparse
 
     import torch
 
     from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups
     from benchmarks.gpu_replay import make_rows
+    from recipe.mrtpo.tree_attention import register_tree_attention
 
+    register_tree_attention()
     g = torch.Generator().manual_seed(0)
     inputs = expand_groups(make_rows([1, 1], (24, 32), 3, 1000, g, True), 2, (4, 8), 1000, g)
-    args = argparse.Namespace(attn="flash_attention_2", device="cpu", variants=3, token_budget=None, compile_js=False,
-                              group_n=2, heavy_prompt_len=[24, 32], heavy_response_len=[4, 8])
+    args = argparse.Namespace(attn="flash_attention_2", device="cpu", variants=3, token_budget=None, compile_js=False, group_n=2)
     model = _tiny_qwen2()
-    model.config._attn_implementation = "flash_attention_2"  # what the GPU run loads; the forwards below see SDPA
+    model.config._attn_implementation = "flash_attention_2"  # what the GPU run loads; the spy runs SDPA for it
     seen = []
     real = type(model).forward
 
     def spy(self, *a, **k):
-        seen.append(self.config._attn_implementation)
-        self.config._attn_implementation, own = "sdpa", self.config._attn_implementation
+        own = self.config._attn_implementation
+        seen.append(own)
+        if own == "flash_attention_2":
+            self.config._attn_implementation = "sdpa"
         try:
             return real(self, *a, **k)
         finally:
@@ -323,10 +350,10 @@ def test_gpu_replay_prompt_heavy_times_the_shared_pass_under_sdpa_on_flash_atten
     with unittest.mock.patch.object(type(model), "forward", spy):
         res = bench_prompt_heavy(model, inputs, args, timer, "random ids")
     out = capsys.readouterr().out.splitlines()
-    assert set(res) == {"off", "on"} and "layout packed (flash_attention_2)" in out[0]
-    assert set(seen) == {"flash_attention_2", "sdpa"}  # unshared on the module's own, shared under SDPA
+    assert set(res) == {"off", "dense", "flex"} and "unshared layout packed (flash_attention_2)" in out[0]
+    assert set(seen) == {"flash_attention_2", "sdpa", "mrtpo_tree_flex"}
     assert model.config._attn_implementation == "flash_attention_2"  # restored
-    assert int(res["on"]["rep"]["tokens_forwarded"]) < int(res["off"]["rep"]["tokens_forwarded"])
+    assert int(res["flex"]["rep"]["tokens_forwarded"]) < int(res["off"]["rep"]["tokens_forwarded"])
     assert out[-1].startswith("gpu prompt-heavy: replay shared / unshared = ")
 
 

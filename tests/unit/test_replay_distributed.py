@@ -96,9 +96,13 @@ def shared_inputs():
 
 
 def _shared(model, rows, sync, share=True):
-    """The replay of ``shared_inputs``' rows with prompts shared (SDPA: the block mask), 6 sequences a forward."""
+    """The replay of ``shared_inputs``' rows with prompts shared (the tree's FlexAttention, registered as the worker
+    registers it), 6 sequences a forward."""
     from recipe.mrtpo.core.passes import PassSettings
     from recipe.mrtpo.core.replay import hf_forward, replay_relevance
+    from recipe.mrtpo.tree_attention import register_tree_attention
+
+    register_tree_attention()
 
     ids, lens, responses, mask, pair = (x[rows] for x in shared_inputs())
     settings = PassSettings(temperature=0.8, micro_batch_size=6, layout="sorted", packed_attention="block_mask", share_prompts=share)

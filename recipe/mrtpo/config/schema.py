@@ -75,7 +75,7 @@ class MRTPOConfig(BaseConfig):
     reward_weights: Any = None
     replay_micro_batch_size: int = 8  # prompt variants per replay forward
     chunk_size: Optional[int] = None  # positions expanded to fp32 [chunk, V] in the JS; None = ~64 MiB
-    share_prompts: bool = True  # each distinct prompt variant once per pass forward, under SDPA / eager (core.shared_prompts)
+    share_prompts: bool = True  # each distinct prompt variant once per pass forward, block-sparse, where it pays (core.shared_prompts)
     compile_js: bool = False  # torch.compile the JS with its log-softmaxes fused
     fused_check_every: int = 10  # verl's own old_log_prob beside the fused pass every N steps and the first; 0 = never
     max_replay_prompt_length: Optional[int] = None  # longer variants fall back to uniform weights

@@ -57,8 +57,9 @@ from typing import Any, Optional, Union
 
 import torch
 
+from recipe.mrtpo.core.attention_cost import ModelShape
 from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, may_pack, table_entry
-from recipe.mrtpo.core.shared_prompts import mask_as_taken, plan_shared_forwards, shared_forward_inputs, shares_prompts
+from recipe.mrtpo.core.shared_prompts import hf_forward, plan_pass  # noqa: F401  (hf_forward: the passes' callers import it here)
 
 
 class LogitsShapeError(RuntimeError):
@@ -122,35 +123,14 @@ def check_logits(logits: torch.Tensor, ids: torch.Tensor, keep) -> None:
         )
 
 
-# forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive or bool (True: attends) | None, position_ids [b, L],
-#         keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
+# forward(input_ids [b, L], attention_mask [b, L] | [b, 1, L, L] additive or bool (True: attends) | TreeMask (a shared row)
+#         | None, position_ids [b, L], keep: int (the last `keep` positions) | LongTensor [N] (positions)) -> logits [b, keep | N, V]
 ForwardFn = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Union[int, torch.Tensor]], torch.Tensor]
 
 LAYOUTS = ("padded", "sorted", "packed", "single")
 PACKED_ATTENTIONS = ("varlen", "block_mask")
 #: dtypes a reduction's output may be rounded to (:func:`round_to`)
 REDUCTION_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def hf_forward(module) -> ForwardFn:
-    """A :data:`ForwardFn` over a Hugging Face causal LM (also an FSDP-wrapped one).
-
-    A 4D mask goes in as the module's attention takes it (:func:`~recipe.mrtpo.core.shared_prompts.mask_as_taken`).
-    """
-
-    def fwd(input_ids, attention_mask, position_ids, keep):
-        if attention_mask is not None and attention_mask.dim() == 4:
-            attention_mask = mask_as_taken(module, attention_mask)
-        out = module(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=keep,
-        )
-        return out.logits
-
-    return fwd
 
 
 def sync_max_over_ranks(n: int) -> int:
@@ -184,7 +164,8 @@ class PassSettings:
     # the dtypes verl's own log-prob and entropy come out in (module docstring: Numerics); the worker's to set
     logprob_dtype: str = "float32"
     entropy_dtype: str = "float32"
-    share_prompts: bool = False  # a forward holds each distinct prompt once (:mod:`.shared_prompts`), under block_mask
+    share_prompts: bool = False  # a forward holds each distinct prompt once (:mod:`.shared_prompts`) where it pays
+    model_shape: Optional[ModelShape] = None  # the worker's: the cost model's (:mod:`.attention_cost`); None: always share
 
     WIRE_KEYS = ("temperature", "micro_batch_size", "token_budget", "chunk_size", "pad_token_id", "layout", "share_prompts")
 
@@ -207,7 +188,7 @@ class PassSettings:
 
     def to_wire(self) -> dict:
         d = asdict(self)
-        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype"):
+        for worker_side in ("packed_attention", "logprob_dtype", "entropy_dtype", "model_shape"):
             d.pop(worker_side)
         d["pad_token_id"] = int(d.pop("pad_id"))
         d["token_budget"] = int(self.token_budget or 0)
@@ -386,6 +367,12 @@ class PassCounts:
     n_forwards_global: int = 0
     tokens_forwarded: int = 0
     tokens_existing: int = 0
+    unshared_by_cost: int = 0  # shared forwards the cost model ran unshared (:func:`~.shared_prompts.plan_pass`)
+    attention_pairs: int = 0  # (query, key) pairs the forwards' attention computes, in tiles (:mod:`.attention_cost`)
+
+    def as_tensors(self) -> dict:
+        """Every count as a 0-d tensor, by its name (what the passes return beside their outputs)."""
+        return {k: torch.tensor(int(v)) for k, v in asdict(self).items()}
 
 
 # consume(seqs: consecutive sequences of one row in one forward, logits [len(seqs), resp_len, V] (a view of
@@ -411,19 +398,19 @@ def run_pass(
     The forward count is agreed (``sync_forward_count``) before the first forward; the padding forwards
     run after the last (module docstring).
     """
-    shared = shares_prompts(settings)  # off, or on where the attention can share (else unshared, logged)
-    batches = plan_shared_forwards(seqs, prompts, settings.token_budget, settings.micro_batch_size) if shared else plan_forwards(seqs, settings)
-    counts = PassCounts(n_forwards=len(batches))
+    plan = plan_pass(seqs, prompts, responses, settings, plan_forwards)  # shared where it can and pays, else unshared
+    counts = PassCounts(n_forwards=len(plan.forwards), unshared_by_cost=plan.unshared_by_cost,
+                        attention_pairs=plan.counts.pairs)
     counts.n_forwards_global = int(sync_forward_count(counts.n_forwards)) if sync_forward_count is not None else counts.n_forwards
     if counts.n_forwards_global < counts.n_forwards:
         raise RuntimeError(f"forward-count agreement returned {counts.n_forwards_global} < this rank's {counts.n_forwards}")
-    for mb in batches:
-        ids, attn, pos, keep, starts = (shared_forward_inputs(mb, prompts, responses, settings.pad_id, device) if shared
-                                        else forward_inputs(mb, prompts, responses, settings))
+    for mb, inputs in plan.forwards:
+        ids, attn, pos, keep, starts = inputs or forward_inputs(mb, prompts, responses, settings)
         counts.tokens_forwarded += ids.numel()
         counts.tokens_existing += sum(s.length for s in mb)
         keep = keep.to(device) if torch.is_tensor(keep) else keep
-        logits = forward(ids.to(device), attn.to(device) if attn is not None else None, pos.to(device), keep)
+        attn = attn.to(device) if torch.is_tensor(attn) else attn  # a TreeMask becomes a BlockMask on the ids' device
+        logits = forward(ids.to(device), attn, pos.to(device), keep)
         check_logits(logits, ids, keep)
         logits = scale_logits(logits, settings.temperature)  # verl's division: the reductions run at temperature 1
         flat = logits.reshape(-1, logits.shape[-1])

@@ -140,7 +140,8 @@ def replay_relevance(
     Returns:
         ``variant_relevance`` [R, max(NV - 1, 1), T] fp32, ``replay_logprobs`` [R, T] fp32, and the counts
         ``n_forwards`` (this process's own), ``n_forwards_global`` (after the agreement),
-        ``tokens_forwarded`` and ``tokens_existing`` (:class:`recipe.mrtpo.core.passes.PassCounts`).
+        ``tokens_forwarded``, ``tokens_existing``, ``unshared_by_cost`` and ``attention_pairs``
+        (:class:`recipe.mrtpo.core.passes.PassCounts`).
     """
     if settings is None:
         settings = PassSettings(temperature=float(temperature), micro_batch_size=int(micro_batch_size), token_budget=token_budget,
@@ -211,10 +212,7 @@ def replay_relevance(
     out = {
         "variant_relevance": variant_relevance,
         "replay_logprobs": logprobs,
-        "n_forwards": torch.tensor(counts.n_forwards),
-        "n_forwards_global": torch.tensor(counts.n_forwards_global),
-        "tokens_forwarded": torch.tensor(counts.tokens_forwarded),
-        "tokens_existing": torch.tensor(counts.tokens_existing),
+        **counts.as_tensors(),
     }
     if entropy_out is not None:
         out["replay_entropy"] = entropy_out

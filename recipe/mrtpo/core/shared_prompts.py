@@ -8,12 +8,13 @@ is ONE row holding the forward's distinct prompts as a prefix tree: the prompts 
 tokens, each after the first holding only its tokens after the longest prefix it shares with the one before it
 (in that order, the longest it shares with any earlier one), each followed by the responses that follow it.
 Every token keeps the position id it has in its own sequence (a shared prefix token ``0 .. m - 1``, a
-prompt's own tokens after it, a response ``p .. p + n - 1``), and a 4D mask lets a prompt token attend to
-its own prompt's earlier tokens (wherever in the row the shared part lies) and a response token to its whole
-prompt and its own earlier tokens, nothing else. Each response token therefore sees exactly the keys, values
-and positions it sees in the unshared forward (a shared prefix token's keys and values depend only on that
-prefix): the logits agree up to the order of the floating-point reductions (fp32: 1e-5, tested against
-every unshared layout).
+prompt's own tokens after it, a response ``p .. p + n - 1``), and the forward's attention
+(:class:`~recipe.mrtpo.core.tree_mask.TreeMask`: the tree's segments and their parents, nothing of size L x L) lets
+a prompt token attend to its own prompt's earlier tokens (wherever in the row the shared part lies) and a
+response token to its whole prompt and its own earlier tokens, nothing else. Each response token therefore sees
+exactly the keys, values and positions it sees in the unshared forward (a shared prefix token's keys and values
+depend only on that prefix): the logits agree up to the order of the floating-point reductions (fp32: 1e-5 on q,
+1e-4 on log-probs under FlexAttention's eager kernel, tested against every unshared layout).
 
 The planner keeps every sequence of a row in one forward and orders the kept logits row by row, each row's
 sequences in their order, so the reductions (:func:`recipe.mrtpo.core.passes.run_pass`'s ``consume``) see
@@ -22,45 +23,36 @@ exactly what the packed layout hands them (a row's reference before its variants
 token budget (its shared length: the prefix tree's tokens plus the responses) or over ``micro_batch_size``
 sequences, and only a bundle too big for a forward of its own is split, between rows.
 
-The mask is dense ([L, L], boolean, built on the forward's device), the exact path of SDPA and eager attention.
-flash-attention's varlen kernel cannot express a prefix shared by several sequences, so a pass that shares
-prompts on a module loaded with flash-attention (verl's default, the GPU scripts') runs its forwards under SDPA
-instead: :func:`pass_attention` names the attention a pass runs under, and :func:`attention_switched` sets the
-module's attention implementation for the pass and restores it after (the update's forwards keep
-flash-attention). Only where the model type runs one sequence per forward (``single``: recurrent layers), or a
-caller runs a pass under a varlen attention itself, does the engine keep the unshared layouts:
-:func:`shares_prompts` decides, and logs that fallback once per process; the worker counts it per pass
-(docs/design.md §5.3). Pure torch; reads sequences and settings by their fields (``row``, ``variant``,
-``prompt_len``, ``resp_len``; ``share_prompts``, ``packed_attention``, ``layout``) so that
-:mod:`recipe.mrtpo.core.passes` may import it.
+A shared forward runs under FlexAttention with the tree's block-sparse mask: :func:`hf_forward` switches the
+module to :data:`~recipe.mrtpo.core.tree_mask.TREE_ATTENTION` for that forward (:func:`attention_switched`), so
+any attention shares, flash-attention included, and the unshared forwards keep the module's own. Tokens are
+not the whole cost: :func:`plan_pass` keeps a forward shared only where the cost model
+(:mod:`recipe.mrtpo.core.attention_cost`: linear tokens and attention pairs in tiles, FLOPs by the model's shape)
+says it costs at most its sequences' unshared layout, else runs them unshared (logged once, counted per pass as
+``<pass>_unshared_by_cost``). Only where the model type runs one sequence per forward (``single``: recurrent
+layers) does the engine keep the unshared layouts for the whole pass: :func:`shares_prompts` decides, and logs
+that fallback once per process; the worker counts it per pass (docs/design.md §5.3). Pure torch; reads sequences
+and settings by their fields (``row``, ``variant``, ``prompt_len``, ``resp_len``; ``share_prompts``,
+``packed_attention``, ``layout``, ``model_shape``) so that :mod:`recipe.mrtpo.core.passes` may import it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 import torch
 
-from recipe.mrtpo.core.model_support import VARLEN_ATTENTIONS, module_config, table_entry
+from recipe.mrtpo.core.attention_cost import ForwardCounts, ModelShape, layout_counts, shared_pays, tree_counts
+from recipe.mrtpo.core.model_support import module_config
+from recipe.mrtpo.core.tree_mask import TREE_ATTENTION, TreeMask
 
 logger = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set = set()
-#: the attention a shared pass runs under where the module's is flash-attention (module docstring)
-SHARED_ATTENTION = "sdpa"
-
-
-def pass_attention(share_prompts: bool, attn_implementation: Optional[str], model_type: Optional[str] = None) -> str:
-    """The attention implementation a no-grad pass runs under: the module's own, except that a pass sharing
-    prompts on a flash-attention module (:data:`~recipe.mrtpo.core.model_support.VARLEN_ATTENTIONS`) whose type
-    the model table does not run one sequence per forward takes :data:`SHARED_ATTENTION` (its block mask)."""
-    attn = str(attn_implementation or "")
-    if share_prompts and attn in VARLEN_ATTENTIONS and table_entry(model_type) != "single":
-        return SHARED_ATTENTION
-    return attn
 
 
 @contextmanager
@@ -75,8 +67,8 @@ def attention_switched(module, attn_implementation: str) -> Iterator[None]:
         return
     if ("switch", own) not in _FALLBACK_LOGGED:
         _FALLBACK_LOGGED.add(("switch", own))
-        logger.warning("mrtpo.share_prompts: the model's attention is %s, which cannot share a prompt between sequences; "
-                       "the shared passes run under %s (a block mask), the update under %s", own, attn_implementation, own)
+        logger.warning("mrtpo.share_prompts: the shared forwards run under %s (FlexAttention, the prefix tree's block "
+                       "mask), the others under the model's %s", attn_implementation, own)
     cfg._attn_implementation = attn_implementation
     try:
         yield
@@ -85,9 +77,8 @@ def attention_switched(module, attn_implementation: str) -> Iterator[None]:
 
 
 def mask_as_taken(module, mask: torch.Tensor) -> torch.Tensor:
-    """A 4D mask (boolean, True: attends; or additive) as the module's attention takes it, read at each call (a
-    shared pass switches it, :func:`attention_switched`): boolean to SDPA, additive in the module's floating
-    dtype to the others (eager adds it to the scores)."""
+    """A 4D mask (boolean, True: attends; or additive) as the module's attention takes it, read at each call:
+    boolean to SDPA, additive in the module's floating dtype to the others (eager adds it to the scores)."""
     if mask.dtype == torch.bool and getattr(module_config(module), "_attn_implementation", None) == "sdpa":
         return mask
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -96,16 +87,35 @@ def mask_as_taken(module, mask: torch.Tensor) -> torch.Tensor:
     return mask.to(dtype)
 
 
+def hf_forward(module):
+    """A ``core.passes.ForwardFn`` over a Hugging Face causal LM (also an FSDP-wrapped one).
+
+    A 4D mask goes in as the module's attention takes it (:func:`mask_as_taken`); a
+    shared forward's :class:`~recipe.mrtpo.core.tree_mask.TreeMask` as its BlockMask, the module switched to
+    :data:`~recipe.mrtpo.core.tree_mask.TREE_ATTENTION` for that forward only (registered with transformers by
+    ``recipe.mrtpo.tree_attention.register_tree_attention``).
+    """
+
+    def fwd(input_ids, attention_mask, position_ids, keep):
+        tree = isinstance(attention_mask, TreeMask)
+        if tree:
+            attention_mask = attention_mask.block_mask(input_ids.device)
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = mask_as_taken(module, attention_mask)
+        with attention_switched(module, TREE_ATTENTION if tree else ""):
+            return module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                          logits_to_keep=keep).logits
+
+    return fwd
+
+
 def share_fallback_reason(settings) -> Optional[str]:
     """Why a pass asked to share prompts (``settings.share_prompts``) forwards them unshared, or None: a recurrent
-    model type runs one sequence per forward (``layout == "single"``), and the block mask needs SDPA / eager
-    attention (``packed_attention == "block_mask"``; the worker switches a flash-attention module to SDPA for a
-    shared pass, :func:`pass_attention`, so this is a caller running a pass under flash-attention itself)."""
+    model type runs one sequence per forward (``layout == "single"``). Any attention shares: the shared forwards
+    run under :data:`~recipe.mrtpo.core.tree_mask.TREE_ATTENTION` (:func:`recipe.mrtpo.core.passes.hf_forward`
+    switches the module for them), the others under the module's own."""
     if not settings.share_prompts:
         return None
-    if settings.packed_attention != "block_mask":
-        return (f"the model's attention is {settings.packed_attention} (flash-attention): its kernel cannot express a prompt "
-                "shared by several sequences")
     if settings.layout == "single":
         return "the model type runs one sequence per forward (recurrent layers)"
     return None
@@ -121,6 +131,51 @@ def shares_prompts(settings) -> bool:
         logger.warning("mrtpo.share_prompts: %s, so the passes forward every prompt unshared (counted per pass as "
                        "<pass>_unshared_fallback)", why)
     return bool(settings.share_prompts) and why is None
+
+
+@dataclass
+class PassPlan:
+    """The forwards of a pass: each ``(sequences, shared inputs or None)`` (None: the unshared layout's
+    ``forward_inputs``), the shared forwards the cost model ran unshared, and the pass's counts as planned."""
+
+    forwards: list = field(default_factory=list)
+    unshared_by_cost: int = 0
+    counts: ForwardCounts = ForwardCounts(0, 0, 0, 0)
+
+
+def plan_pass(seqs: list, prompts: torch.Tensor, responses: torch.Tensor, settings,
+              plan_unshared: Callable[[list, object], list]) -> PassPlan:
+    """A pass's forwards: ``plan_unshared(seqs, settings)`` (``core.passes.plan_forwards``) where prompts are not
+    shared; else :func:`plan_shared_forwards`, each forward kept shared where the cost model
+    (:mod:`recipe.mrtpo.core.attention_cost`, ``settings.model_shape``) says it costs at most the unshared layout
+    of its sequences, else replaced by that layout's forwards (logged once, counted). Without a model shape every
+    forward stays shared."""
+    plan = PassPlan()
+    if not shares_prompts(settings):
+        for mb in plan_unshared(seqs, settings):
+            plan.forwards.append((mb, None))
+            plan.counts += layout_counts(mb, settings.layout, settings.packed_attention)
+        return plan
+    shape: Optional[ModelShape] = getattr(settings, "model_shape", None)
+    for mb in plan_shared_forwards(seqs, prompts, settings.token_budget, settings.micro_batch_size):
+        inputs = shared_forward_inputs(mb, prompts, responses, settings.pad_id)
+        shared = tree_counts(inputs[1])
+        alone = plan_unshared(mb, settings)
+        unshared = sum((layout_counts(b, settings.layout, settings.packed_attention) for b in alone), ForwardCounts(0, 0, 0, 0))
+        if shape is None or shared_pays(shape, shared, unshared):
+            plan.forwards.append((mb, inputs))
+            plan.counts += shared
+            continue
+        if "cost" not in _FALLBACK_LOGGED:
+            _FALLBACK_LOGGED.add("cost")
+            logger.warning("mrtpo.share_prompts: a shared forward (%d tokens, %d attention pairs in tiles) costs more than "
+                           "its sequences unshared (%d tokens, %d pairs) under the cost model, so it runs unshared "
+                           "(counted per pass as <pass>_unshared_by_cost)", shared.tokens, shared.pairs, unshared.tokens,
+                           unshared.pairs)
+        plan.unshared_by_cost += 1
+        plan.forwards += [(b, None) for b in alone]
+        plan.counts += unshared
+    return plan
 
 
 def prompt_key(prompts: torch.Tensor, s) -> tuple[int, bytes]:
@@ -259,13 +314,12 @@ def plan_shared_forwards(seqs: list, prompts: torch.Tensor, token_budget: Option
     return batches
 
 
-def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tensor, pad_id: int = 0,
-                          device: torch.device | str = "cpu"):
-    """``(input_ids [1, L], attention_mask [1, 1, L, L] bool (True: attends), position_ids [1, L], keep [N], starts)``
-    of one shared forward (module docstring); the mask built on ``device`` (L x L bytes: the forward's own device
-    rather than a copy from the host), the rest on CPU. ``keep`` lists, sequence by sequence in ``mb``'s order, the
-    position before each of its response tokens (a prompt's last position repeats for each response after it);
-    ``starts[i]``: where sequence i's logits begin in the kept ones."""
+def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tensor, pad_id: int = 0):
+    """``(input_ids [1, L], tree, position_ids [1, L], keep [N], starts)`` of one shared forward (module docstring),
+    on CPU; ``tree`` the forward's :class:`~recipe.mrtpo.core.tree_mask.TreeMask` (segments of the prompts'
+    compressed prefix tree and the responses: nothing of size L x L). ``keep`` lists, sequence by sequence in
+    ``mb``'s order, the position before each of its response tokens (a prompt's last position repeats for each
+    response after it); ``starts[i]``: where sequence i's logits begin in the kept ones."""
     P = prompts.shape[-1]
     tree = PromptTree()
     keys = [prompt_key(prompts, s) for s in mb]
@@ -276,29 +330,52 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
     L = tree.tokens + sum(int(s.resp_len) for s in mb)
     ids = torch.full((1, L), int(pad_id), dtype=torch.long)
     pos = torch.zeros((1, L), dtype=torch.long)
-    allowed = torch.zeros(L, L, dtype=torch.bool, device=device)
+    seg_start: list[int] = []
+    seg_end: list[int] = []
+    parent: list[int] = []
+    first_token: list[int] = []  # each prompt segment's first token's place in its prompt
+    stack: list[int] = []  # the previous prompt's path, root first
     last_prompt = [0] * len(mb)
     resp_at = [0] * len(mb)
-    o, prev_key, prev_path = 0, None, torch.zeros(0, dtype=torch.long, device=device)
+    o, prev_key = 0, None
+
+    def segment(a: int, b: int, up: int, t0: int = -1) -> int:
+        seg_start.append(a)
+        seg_end.append(b)
+        parent.append(up)
+        first_token.append(t0)
+        return len(seg_start) - 1
+
     for k in tree.keys:
         head, seqs = members[k]
         p = int(head.prompt_len)
         m = tree.lcp(prev_key, k) if prev_key is not None else 0  # < p: the keys are distinct and ordered
-        path = torch.cat([prev_path[:m], torch.arange(o, o + p - m, device=device)])  # where its tokens lie in the row
+        while stack and first_token[stack[-1]] >= m:
+            stack.pop()
+        if stack:  # the branch point inside the deepest shared segment: split it there
+            top = stack[-1]
+            cut = seg_start[top] + m - first_token[top]
+            if cut < seg_end[top]:
+                rest = segment(cut, seg_end[top], top, m)
+                for c in range(len(parent) - 1):
+                    if parent[c] == top:
+                        parent[c] = rest  # what followed the whole segment now follows its tail
+                seg_end[top] = cut
         ids[0, o : o + p - m] = prompts[head.row, head.variant, P - p + m :]
         pos[0, o : o + p - m] = torch.arange(m, p)
-        allowed[o : o + p - m][:, path] = torch.ones(p, p, dtype=torch.bool, device=device).tril()[m:]  # its prompt, causally
+        own = segment(o, o + p - m, stack[-1] if stack else -1, m)
+        stack.append(own)
         o += p - m
         end = o - 1  # the prompt's last token is its own (m < p)
         for i in seqs:
             n = int(mb[i].resp_len)
             ids[0, o : o + n] = responses[mb[i].row, :n]
             pos[0, o : o + n] = torch.arange(p, p + n)
-            allowed[o : o + n][:, path] = True
-            allowed[o : o + n, o : o + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            if n:
+                segment(o, o + n, own)
             last_prompt[i], resp_at[i] = end, o
             o += n
-        prev_key, prev_path = k, path
+        prev_key = k
     keep, starts, n_kept = [], [], 0
     for i, s in enumerate(mb):
         n = int(s.resp_len)
@@ -308,4 +385,4 @@ def shared_forward_inputs(mb: list, prompts: torch.Tensor, responses: torch.Tens
         starts.append(n_kept)
         n_kept += n
     keep_t = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.long)
-    return ids, allowed[None, None], pos, keep_t, starts
+    return ids, TreeMask(seg_start, seg_end, parent, L), pos, keep_t, starts

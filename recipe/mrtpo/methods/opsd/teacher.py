@@ -137,7 +137,7 @@ def teacher_topk_rows(
 
     Returns ``topk_logprobs`` [R, T, k] fp32, ``topk_ids`` [R, T, k] int64, ``token_logprobs`` [R, T] fp32
     (all 0 at masked positions and on padding rows) and the counts ``n_forwards``, ``n_forwards_global``,
-    ``tokens_forwarded``, ``tokens_existing``.
+    ``tokens_forwarded``, ``tokens_existing``, ``unshared_by_cost``, ``attention_pairs`` (``PassCounts``).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -173,10 +173,7 @@ def teacher_topk_rows(
         "topk_logprobs": out_lp,
         "topk_ids": out_ids,
         "token_logprobs": out_tok,
-        "n_forwards": torch.tensor(counts.n_forwards),
-        "n_forwards_global": torch.tensor(counts.n_forwards_global),
-        "tokens_forwarded": torch.tensor(counts.tokens_forwarded),
-        "tokens_existing": torch.tensor(counts.tokens_existing),
+        **counts.as_tensors(),
     }
 
 

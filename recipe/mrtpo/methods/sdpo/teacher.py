@@ -18,10 +18,10 @@ from typing import Optional
 
 import torch
 
-from recipe.mrtpo.core.passes import ForwardFn, PassSettings
+from recipe.mrtpo.core.passes import ForwardFn, PassCounts, PassSettings
 from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
 
-COUNTS = ("n_forwards", "n_forwards_global", "tokens_forwarded", "tokens_existing")
+COUNTS = tuple(PassCounts().as_tensors())  # every count the pass engine answers
 
 
 def sdpo_teacher_rows(
