@@ -354,8 +354,8 @@ def main(argv: Optional[list[str]] = None) -> float:
     ap.add_argument("--floor-response-len", type=int, default=1024)
     ap.add_argument("--mix", choices=("if", "prompt-heavy", "both"), default="both",
                     help="the IF mix (lengths table, checks, floor), the prompt-heavy mix (shared prompts off / on), or both")
-    ap.add_argument("--group-n", type=int, default=4, help="the grouped mixes: responses per prompt (rollout.n)")
-    ap.add_argument("--heavy-groups", type=int, default=4, help="the grouped mixes: groups (distinct prompts)")
+    ap.add_argument("--group-n", type=int, default=4, help="grouped mixes: responses per prompt (rollout.n)")
+    ap.add_argument("--heavy-groups", type=int, default=4, help="grouped mixes: groups (distinct prompts)")
     ap.add_argument("--heavy-prompt-len", nargs=2, type=int, default=[1024, 4096], metavar=("LO", "HI"))
     ap.add_argument("--heavy-response-len", nargs=2, type=int, default=[64, 512], metavar=("LO", "HI"))
     ap.add_argument("--sample-responses", action="store_true",
@@ -391,10 +391,8 @@ def main(argv: Optional[list[str]] = None) -> float:
                  if args.sample_responses else "random ids")
     print(f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, token_budget={args.token_budget}, variants up to "
           f"{args.variants}, compile_js={args.compile_js}, best of {args.repeats}, mix {args.mix}, responses: {responses}")
-    grouped = []
-    if run_if:
-        mix = bench_if_mix(model, args, g)
-        grouped.append(("if", tuple(args.prompt_len), (min(args.mix_lengths), max(args.mix_lengths))))
+    grouped = [("if", tuple(args.prompt_len), (min(args.mix_lengths), max(args.mix_lengths)))] if run_if else []
+    mix = bench_if_mix(model, args, g) if run_if else None
     if run_heavy:
         grouped.append(("prompt-heavy", tuple(args.heavy_prompt_len), tuple(args.heavy_response_len)))
     for label, prompt_len, response_len in grouped:  # unshared, dense-mask shared, block-sparse shared
