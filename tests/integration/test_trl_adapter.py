@@ -187,3 +187,16 @@ def test_the_config_refuses_in_one_line(tmp_path, knobs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)").replace("(", r"\(")) as e:
         MRTPOGRPOConfig(output_dir=str(tmp_path), report_to="none", **knobs)
     assert "\n" not in str(e.value)
+
+
+def test_the_trl_internals_the_adapter_relies_on():
+    """What ``MRTPOTrainer`` relies on of TRL beyond its documented API (the parity tests above check their meaning):
+    the two methods it extends and their arguments, and a loss that takes a (B, T) advantage as it is."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    assert list(inspect.signature(GRPOTrainer._calculate_rewards).parameters) == [
+        "self", "inputs", "prompts", "completions", "completion_ids_list"]
+    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    assert "if advantages.dim() == 1:" in inspect.getsource(GRPOTrainer._compute_loss)

@@ -44,9 +44,9 @@ GLUE = (
 )
 
 
-#: the TRL adapter and what of the recipe it may import (itself, the core, the task registry)
+#: the TRL adapter and what of the recipe it may import (itself, the core, the task registry; its demo: the SmolLM2 asset)
 TRL_ADAPTER = "recipe.mrtpo.trl_adapter"
-TRL_ADAPTER_MAY_IMPORT = (TRL_ADAPTER, "recipe.mrtpo.core", "recipe.mrtpo.tasks")
+TRL_ADAPTER_MAY_IMPORT = (TRL_ADAPTER, "recipe.mrtpo.core", "recipe.mrtpo.tasks", "recipe.mrtpo.cpu.smollm2")
 
 
 def _is_glue(mod: str) -> bool:
