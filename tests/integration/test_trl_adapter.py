@@ -158,7 +158,8 @@ def test_trl_normalization_keeps_trls_sequence_advantage_and_logs_per_reward(tin
 
 def test_task_rewards_score_and_give_z_k_as_the_verifier_does():
     """The recipe's tasks through TRL's reward-function call: one function per reward name, scores and Z_k the
-    verifier's; a row without that reward is absent (None); a verifier that raises leaves the row absent, counted."""
+    verifier's (instruction following: prompt-placed; tool calling: appended); a row without that reward is absent
+    (None); a verifier that raises leaves the row absent."""
     from recipe.mrtpo.tasks import get_task
 
     gt = {"instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"], "kwargs": [{}, {}]}
@@ -174,6 +175,14 @@ def test_task_rewards_score_and_give_z_k_as_the_verifier_does():
     assert funcs[0].mrtpo_context(**kw)[0].text == CTX["no_comma"]["text"]
     bad = dict(kw, data_source=["no_such_task"] * 2)
     assert funcs[0](**bad) == [None, None] and funcs[0].mrtpo_context(**bad) == [None, None]
+    # tool calling: Z_correctness is the reference calls, appended to P_all (absent from the rollout prompt)
+    gt = {"calls": [{"name": "f", "arguments": {"n": 5}}], "tools": []}
+    fmt, corr = task_rewards(["format", "correctness"])
+    kw = {"prompts": [MSGS], "completions": ["no call"], "data_source": ["tool_calling"], "reward_model": [{"ground_truth": gt}],
+          "extra_info": [None]}
+    ref = get_task("tool_calling")("no call", gt, None)
+    assert fmt(**kw) == [ref.scores["format"]] and corr(**kw) == [ref.scores["correctness"]]
+    assert corr.mrtpo_context(**kw) == [ref.contexts["correctness"]] and ref.contexts["correctness"].placement == "appended"
 
 
 @pytest.mark.parametrize("knobs, message", [
