@@ -12,6 +12,8 @@ package ``a.b`` also runs ``a.b``'s ``__init__``: it is an edge to that package 
 - ``recipe.mrtpo.tools`` reaches neither the glue nor ``data_prep``;
 - the registry's command line (``python3 -m recipe.mrtpo.methods``, called by the run scripts with any
   python3) imports only the standard library at module level;
+- the TRL adapter (``recipe.mrtpo.trl_adapter``) imports only the core, the task registry and itself of the
+  recipe, reaches none of the glue, and no module it reaches imports verl, Ray or vLLM (TRL users have none);
 - no module of ``recipe/`` is longer than :data:`MAX_MODULE_LINES` lines (a module has one job).
 """
 
@@ -40,6 +42,12 @@ GLUE = (
     "recipe.mrtpo.methods.sdpo.step",
     "recipe.mrtpo.methods.sdpo.loss",
 )
+
+
+#: the TRL adapter and what of the recipe it may import (itself, the core, the task registry; its demo: the SmolLM2
+#: asset's locator, and so the ``recipe.mrtpo.cpu`` package above it)
+TRL_ADAPTER = "recipe.mrtpo.trl_adapter"
+TRL_ADAPTER_MAY_IMPORT = (TRL_ADAPTER, "recipe.mrtpo.core", "recipe.mrtpo.tasks", "recipe.mrtpo.cpu.smollm2")
 
 
 def _is_glue(mod: str) -> bool:
@@ -176,6 +184,16 @@ def violations(root: Path = REPO) -> list[str]:
         for m, p in reach(graph, tool).items():
             if "data_prep" in outside[m]:
                 out.append(f"tools import data_prep: {' -> '.join(p)}")
+    for adapter in [m for m in graph if m == TRL_ADAPTER or m.startswith(TRL_ADAPTER + ".")]:
+        for m in graph[adapter]:
+            if not (m in ("recipe", "recipe.mrtpo", "recipe.mrtpo.cpu") or m.startswith(TRL_ADAPTER_MAY_IMPORT)):
+                out.append(f"the TRL adapter imports {m}: {adapter}")
+        for m, p in reach(graph, adapter).items():
+            if _is_glue(m):
+                out.append(f"the TRL adapter reaches glue: {' -> '.join(p)}")
+            bad = sorted(n for n in outside[m] if n in ("verl", "ray", "vllm"))
+            if bad:
+                out.append(f"the TRL adapter reaches an import of {bad}: {' -> '.join(p)}")
     cli = "recipe.mrtpo.methods.__main__" if "recipe.mrtpo.methods.__main__" in graph else "recipe.mrtpo.methods"
     if cli in graph:
         stdlib = set(sys.stdlib_module_names) | {"__future__"}
@@ -238,6 +256,15 @@ def test_the_checker_finds_a_circle_a_layer_breach_and_data_prep(tmp_path):
     assert any(v.startswith("the methods registry reaches glue") for v in found), found
     assert any(v.startswith("tools reach glue") for v in found), found
     assert "tools import data_prep: recipe.mrtpo.tools.agree" in found, found
+    # the TRL adapter reaching the glue, and (through the task registry) verl
+    write("recipe/mrtpo/trl_adapter/__init__.py", "from recipe.mrtpo import trainer\nfrom recipe.mrtpo.tasks import x\n")
+    write("recipe/mrtpo/tasks/__init__.py", "")
+    write("recipe/mrtpo/tasks/x.py", "import verl\n")
+    write("recipe/mrtpo/trainer.py", "")
+    found = violations(tmp_path)
+    assert "the TRL adapter imports recipe.mrtpo.trainer: recipe.mrtpo.trl_adapter" in found, found
+    assert any(v.startswith("the TRL adapter reaches glue") for v in found), found
+    assert any(v.startswith("the TRL adapter reaches an import of ['verl']") for v in found), found
     # the registry's command line with a third-party import at module level
     write("recipe/mrtpo/methods/__init__.py", "import torch\n")
     assert any(v.startswith("the registry's command line imports ['torch']") for v in violations(tmp_path))
