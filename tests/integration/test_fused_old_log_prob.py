@@ -133,7 +133,9 @@ def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_f
     for step in (7, 8, 12):
         m = seen[step]
         assert m["mrtpo/consistency/fused_vs_verl_tokens"] == sum(LENS)
-        assert m["mrtpo/consistency/fused_vs_verl_max"] < 1e-5 and m["mrtpo/consistency/fused_vs_verl_p99"] <= m["mrtpo/consistency/fused_vs_verl_max"]
+        # the fused pass shares prompts under FlexAttention (eager on CPU), whose fp32 rounding differs from verl's packed
+        # SDPA by ~2e-5; the check's own fp32 tolerance is 1e-4, and a wrong pass moves log-probs by O(1)
+        assert m["mrtpo/consistency/fused_vs_verl_max"] < 1e-4 and m["mrtpo/consistency/fused_vs_verl_p99"] <= m["mrtpo/consistency/fused_vs_verl_max"]
         assert "mrtpo/consistency/fused_vs_verl_warning" not in m
         assert m["mrtpo/consistency/verl_vs_verl_mean"] == 0.0 and m["mrtpo/consistency/fused_check_threshold"] == 1e-2
         assert m["mrtpo/consistency/verl_vs_verl_row_max"] == 0.0 and m["mrtpo/consistency/fused_vs_verl_row_max"] < 1e-5

@@ -203,6 +203,15 @@ def test_use_remove_padding_leaves_the_replay_forward_unchanged(monkeypatch):
     from recipe.mrtpo.core.replay import hf_forward, replay_relevance
 
     monkeypatch.setattr(flash_attention, "_flash_attention_forward", flash_attention._flash_attention_forward)  # restored after
+    # verl's CPU workers load verl_patches.cpu, whose trl_value_head_optional lets apply_monkey_patch run beside the
+    # lock's TRL 1.16 (no value-head model); this process has not loaded it, so apply that patch here, restored after
+    import verl.utils.import_utils as import_utils
+
+    from verl_patches import trl_value_head
+
+    monkeypatch.setattr(import_utils, "is_trl_available", import_utils.is_trl_available)
+    monkeypatch.setattr(monkey_patch, "is_trl_available", monkey_patch.is_trl_available)
+    trl_value_head.apply()
     cfg = Qwen2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=128, max_position_embeddings=256)
     cfg._attn_implementation = "sdpa"

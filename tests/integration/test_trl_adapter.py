@@ -108,7 +108,9 @@ def test_the_adapter_equals_the_verl_recipes_mrtpo_step(monkeypatch, tiny, tmp_p
         return seen["verl"]
 
     monkeypatch.setattr(verl_trainer, "run_replay", recording)
-    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2")
+    # both sides replay each sequence on its own: the adapter does not share prompts, and the shared pass's block-sparse
+    # attention rounds differently in fp32 (its exactness against the unshared pass is tested in test_shared_prompts)
+    fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, "mrtpo.beta=0.5", "mrtpo.warmup_steps=2", "mrtpo.share_prompts=false")
     verl_adv = padded(fake.put["advantages"])
 
     trainer = make_trainer(tiny, tmp_path, MRTPOTrainer, mrtpo_beta=0.5, mrtpo_warmup_steps=2, mrtpo_normalization="verl")
