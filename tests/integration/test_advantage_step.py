@@ -84,10 +84,8 @@ def make_trainer(tok, model, step: int, *overrides: str):
     calls = []
 
     def compute_replay_relevance(td):
-        from recipe.mrtpo.tree_attention import register_tree_attention
         from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
 
-        register_tree_attention()  # as the worker's _no_grad_pass does before a pass (the shared forwards' attention)
         assert all(td.get_non_tensor(k) is not None for k in REPLAY_SETTINGS)  # what the worker requires
         calls.append(int(td["pair_variant"].shape[0]))
         with torch.no_grad():  # as the worker's eval mode
