@@ -68,7 +68,7 @@ from benchmarks.bench_noise_floor import noise_floor  # noqa: E402  (torch + tra
 from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups  # noqa: E402
 from benchmarks.gpu_sampling import sample_responses  # noqa: E402
 from recipe.mrtpo.core.replay import hf_forward, replay_relevance  # noqa: E402  (torch-only core)
-from recipe.mrtpo.tree_attention import register_tree_attention  # noqa: E402  (transformers + the core)
+from recipe.mrtpo.passes.tree_attention import register_tree_attention  # noqa: E402  (transformers + the core)
 
 QWEN25_7B = dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -5,7 +5,7 @@
     <out-dir>/chinook/chinook.sqlite                  the Chinook database (from .assets/chinook)
     <out-dir>/chinook/{train,test}.parquet            246 questions, hash split per category (20% test)
     <out-dir>/instruction_following/{train,test}.parquet
-                                                      multi-constraint prompts on data_prep/if_base_prompts.jsonl
+                                                      multi-constraint prompts on data_prep/data/if_base_prompts.jsonl
     <out-dir>/instruction_following_passable/{train,test}.parquet
                                                       the same base prompts, constraints a random-token
                                                       model passes part of the time (tiny CPU runs)
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from data_prep import instruction_following as IFB
 from data_prep import multi_turn as MTB
-from data_prep import text_to_sql as SQLB
-from data_prep import tool_calling as TOOLB
 from data_prep.common import SkipLog, print_data_card, write_splits
+from data_prep.instruction_following import build as IFB
+from data_prep.text_to_sql import build as SQLB
+from data_prep.tool_calling import build as TOOLB
 
 __all__ = ["SETS", "build_all", "main"]
 

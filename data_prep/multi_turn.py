@@ -20,7 +20,7 @@ Row (data_source ``bfcl_multi_turn``, ability ``tool_calling_multi_turn``, ``age
                    "user_turns": JSON [[message, ...] per turn]}   turn 0 is the prompt's
 
 The tools are BFCL's function docs with their types mapped to JSON schema as BFCL's OpenAI handlers map
-them (:func:`data_prep.tool_rows.bfcl_schema`; the multi-turn docs use ``string``, ``integer``,
+them (:func:`data_prep.tool_calling.rows.bfcl_schema`; the multi-turn docs use ``string``, ``integer``,
 ``float``, ``boolean``, ``array``, ``dict``, all mapped one to one), wrapped as ``{"type": "function",
 "function": spec}``: the agent loop passes them to the chat template (``tools=``), and ``tools`` plus
 ``missed_function`` are every function of the question. BFCL's ``miss_func`` protocol is kept: the
@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from data_prep.common import SkipLog, fraction, hash_split, make_row, print_data_card, progress, write_splits
-from data_prep.tool_rows import DEFAULT_SYSTEM, bfcl_schema
+from data_prep.tool_calling.rows import DEFAULT_SYSTEM, bfcl_schema
 
 __all__ = [
     "ABILITY",

@@ -19,8 +19,8 @@ numbered from 1 in file or split order, reported as ``SKIP <file or name>:<row>:
 way the records come as ``(file or hub name, line or row, record)`` triples, in sorted file order and
 file order within a file (deterministic for the same files).
 
-Every builder of the public sets (:mod:`data_prep.if_sources`, :mod:`data_prep.tool_sources`,
-:mod:`data_prep.sql_sources`) uses :func:`load_records` and :func:`finish`, which splits by the
+Every builder of the public sets (:mod:`data_prep.instruction_following.sources`, :mod:`data_prep.tool_calling.sources`,
+:mod:`data_prep.text_to_sql.sources`) uses :func:`load_records` and :func:`finish`, which splits by the
 seeded hash rule, writes ``<out-dir>/<split>.parquet`` and prints the data card (rows, skipped
 records by reason).
 """

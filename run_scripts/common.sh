@@ -320,7 +320,7 @@ _mrtpo_seed() {
   SEED_ARGS=(
     "data.seed=$1"                                 # the train sampler's shuffle (verl's default null: a fresh order every run)
     "actor_rollout_ref.actor.data_loader_seed=$1"  # the order of the mini-batches in the actor update
-    "actor_rollout_ref.rollout.seed=$1"            # vLLM sampling: every request its own seed (recipe/mrtpo/rollout_seed.py)
+    "actor_rollout_ref.rollout.seed=$1"            # vLLM sampling: every request its own seed (recipe/mrtpo/rollout/rollout_seed.py)
     "actor_rollout_ref.actor.fsdp_config.seed=$1"  # engine seeds, read under fsdp_config.full_determinism=True
     "actor_rollout_ref.ref.fsdp_config.seed=$1"
     "mrtpo.seed=$1"                                # the shuffle ablation's permutations (with the step); shuffle only

@@ -7,7 +7,7 @@ overrides as ``python -m recipe.mrtpo.main_mrtpo``, then checked as ``main_mrtpo
 starts: :func:`recipe.mrtpo.main_mrtpo.check_config` (the recipe's knobs and the verl settings the replay
 needs) and verl's own ``validate_config`` (batch sizes against the GPUs, token budgets). A config either
 passes (resolved YAML on stdout, exit 0) or is refused with one line on stderr and exit status 2, the
-same line a launch prints (:mod:`recipe.mrtpo.launch_errors`; the traceback with ``--debug`` or
+same line a launch prints (:mod:`recipe.mrtpo.launch.launch_errors`; the traceback with ``--debug`` or
 ``MRTPO_DEBUG=1``). Local data files and model folders are not required (the launch checks them).
 Nothing is started.
 """
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from omegaconf import OmegaConf
 
-    from recipe.mrtpo.launch_errors import DEBUG_ENV, DEBUG_FLAG, launch_errors_in_one_line
+    from recipe.mrtpo.launch.launch_errors import DEBUG_ENV, DEBUG_FLAG, launch_errors_in_one_line
     from recipe.mrtpo.main_mrtpo import check_launch
 
     if DEBUG_FLAG in overrides:

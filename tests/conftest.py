@@ -75,7 +75,7 @@ def _tree_attention_registered():
     """The shared forwards' attention registered with transformers, as the worker's ``_no_grad_pass`` and the benchmarks
     do before a pass: the tests that run the worker's row functions on a plain module (``hf_forward(model)``) skip that
     method, and would otherwise depend on another test having registered it first."""
-    from recipe.mrtpo.tree_attention import register_tree_attention
+    from recipe.mrtpo.passes.tree_attention import register_tree_attention
 
     register_tree_attention()
 

@@ -1,7 +1,7 @@
 """The mechanism, measured on relevance dumps: where each reward's relevance q lies, and whether the
 token advantage on the tag tokens follows the format reward's advantage.
 
-For one dump (one step's batch, schema :mod:`recipe.mrtpo.dump`) :func:`dump_records` recomputes, with the
+For one dump (one step's batch, schema :mod:`recipe.mrtpo.step.dump`) :func:`dump_records` recomputes, with the
 recipe's own functions (:mod:`recipe.mrtpo.core.advantage`), from the dump's scores, group ids, mask and q:
 
 - A[i, k], the group-normalised advantage of each reward (the same for GDPO and MRTPO);

@@ -8,7 +8,7 @@ three ablations of MRTPO on 0-7 (the paper's warm-up of 10 steps; rho = ``mrtpo.
 weight capped at 3, ``mrtpo.max_token_weight``), under the
 ToolRL condition of the pilot (``Condition("toolrl", 32)``, 30 steps, lr 3e-4, beta 0.5, warm-up 1). Each run is
 one ``python -m recipe.mrtpo.main_mrtpo`` launch (:func:`.runs.run_method`), seeded by its seed (every rollout
-request its own seed: ``recipe/mrtpo/rollout_seed.py``), writing verl's rollout files.
+request its own seed: ``recipe/mrtpo/rollout/rollout_seed.py``), writing verl's rollout files.
 
 Resumable, run by run, seed-major (an interrupted grid has whole seeds): a run is kept when its ``result.json``
 holds the same key, and the key (:func:`experiments.mini_credit.runs.run_verl`) covers the overrides, the warm

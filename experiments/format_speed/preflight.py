@@ -6,7 +6,7 @@ samples) on the first RL prompts, ``RESPONSES_PER_PROMPT`` responses each, and s
 verifier; :func:`replay_batch` replays them as a training step would, with the recipe's own functions
 (:func:`recipe.mrtpo.core.replay_plan.build_replay_plan`: pairs whose group has variance, P_minus_k
 built from each verifier's Z_k; :func:`recipe.mrtpo.core.replay.replay_relevance` over the model; JS
-distance), into a batch in the relevance dump's layout (:mod:`recipe.mrtpo.dump`). The diagnostic of the
+distance), into a batch in the relevance dump's layout (:mod:`recipe.mrtpo.step.dump`). The diagnostic of the
 runs' dumps (:func:`.diagnostic.dump_records`, :func:`.diagnostic.summarise`) then measures it, so the
 preflight and the runs' tables are one computation.
 

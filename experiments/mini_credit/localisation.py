@@ -45,7 +45,7 @@ def read_positions(token_ids: Sequence[int], token_strings: Sequence[str], valid
 
 
 def localisation_records(dump: dict) -> list[dict]:
-    """One record per replayed (response, slot reward) pair of a relevance dump (``mrtpo.dump``; schema :mod:`recipe.mrtpo.dump`):
+    """One record per replayed (response, slot reward) pair of a relevance dump (``mrtpo.dump``; schema :mod:`recipe.mrtpo.step.dump`):
     ``{"step", "reward", "sample", "precision", "cross", "chance", "top1", "n_read", "n_valid", "absent"}``.
 
     precision = sum of q over the read positions / sum of q over the valid positions; cross = the same
@@ -109,9 +109,9 @@ def summarise_localisation(records: Sequence[dict]) -> dict:
 
 
 def load_dumps(folder: Path, log: Callable[[str], None] = print) -> tuple[list[dict], int]:
-    """The relevance dumps of a run (``step_XXXXXX.pt``, read by :func:`recipe.mrtpo.dump.load_dump`) and the
+    """The relevance dumps of a run (``step_XXXXXX.pt``, read by :func:`recipe.mrtpo.step.dump.load_dump`) and the
     number of files left out because they could not be read (e.g. cut short by a killed run; logged)."""
-    from recipe.mrtpo.dump import DumpError, load_dump
+    from recipe.mrtpo.step.dump import DumpError, load_dump
 
     dumps, skipped = [], 0
     for p in sorted(Path(folder).glob("step_*.pt")):

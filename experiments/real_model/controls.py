@@ -281,7 +281,7 @@ def main(argv=None) -> None:
 
 def _other_constraints() -> dict[str, list[list[str]]]:
     """Per row id of the shipped IFEval / IFBench sets: each constraint's located sentences, in instruction order."""
-    from data_prep.instruction_following import build_eval_rows
+    from data_prep.instruction_following.build import build_eval_rows
 
     out = {}
     for bench in ("ifeval", "ifbench"):

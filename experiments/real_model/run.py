@@ -39,7 +39,7 @@ def load(model_dir: Path):
 
 def pairs_from_sets(skips: dict) -> list[dict]:
     """Every (prompt, constraint) of the shipped IFEval and IFBench sets with a span rule and a locatable Z_k."""
-    from data_prep.instruction_following import build_eval_rows
+    from data_prep.instruction_following.build import build_eval_rows
 
     out = []
     for bench in ("ifeval", "ifbench"):

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "real_model" / "sql.json")
     a = ap.parse_args(argv)
-    from data_prep.text_to_sql import build_chinook_rows
+    from data_prep.text_to_sql.build import build_chinook_rows
     from experiments.real_model.run import load
     from recipe.mrtpo.cpu import smollm2
     from recipe.mrtpo.tasks.text_to_sql import score

@@ -10,10 +10,10 @@ Checks, each one line (``ok`` / ``MISSING`` / ``DIFFERS`` / ``note``):
   run without it, :data:`SDPA_OVERRIDES`; docs/gpu_install.md);
 - the offline assets (the asset root, ``$MRTPO_ASSETS`` or ``<repo>/.assets``: what ``run_scripts/fetch_assets.py``
   unpacks), the NLTK data the IF checkers load as they look it up (``$MRTPO_NLTK_DATA``, else ``nltk_data`` under
-  the asset root) and the data root (``$MRTPO_DATA_ROOT``): the rules of ``recipe.mrtpo.node_files``, the ones the
+  the asset root) and the data root (``$MRTPO_DATA_ROOT``): the rules of ``recipe.mrtpo.cluster.node_files``, the ones the
   workers and the node check follow;
 - whether the recipe's reliance on verl internals holds for the installed verl: the advantage-step seam
-  (``recipe/mrtpo/verl_seam.py``'s pinned source hash), the trainer registration and verl's version (the
+  (``recipe/mrtpo/seams/verl_seam.py``'s pinned source hash), the trainer registration and verl's version (the
   version every patch of ``verl_patches`` is written for).
 
 ``--preflight`` (what the run scripts run before Ray starts; ``MRTPO_PREFLIGHT=0`` skips it there): only the fast
@@ -162,7 +162,7 @@ def asset_lines() -> list[Line]:
     """One line per destination of ``run_scripts/fetch_assets.py`` under the assets folder."""
     import importlib.util
 
-    from recipe.mrtpo.node_files import assets_root
+    from recipe.mrtpo.cluster.node_files import assets_root
 
     root = assets_root()
     spec = importlib.util.spec_from_file_location("mrtpo_fetch_assets", REPO / "run_scripts" / "fetch_assets.py")
@@ -183,7 +183,7 @@ def seam_lines() -> list[Line]:
     """Whether the recipe's reliance on verl internals holds for the installed verl (module docstring)."""
     lines = []
     try:
-        from recipe.mrtpo import verl_seam
+        from recipe.mrtpo.seams import verl_seam
 
         verl_seam.check_upstream(verl_seam.upstream_source())
         lines.append(Line("ok", "seam advantage step", "verl's PPOTrainer._compute_advantage matches the pinned hash", True))
@@ -192,7 +192,7 @@ def seam_lines() -> list[Line]:
     try:
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-        import recipe.mrtpo.trainer  # noqa: F401  (@register_trainer("mrtpo"))
+        import recipe.mrtpo.step.trainer  # noqa: F401  (@register_trainer("mrtpo"))
 
         ok = "mrtpo" in TRAINER_REGISTRY
         lines.append(Line("ok" if ok else "MISSING", "seam trainer registry",
@@ -309,7 +309,7 @@ def preflight_lines(task: str, overrides: list[str]) -> list[Line]:
 
 def nltk_line() -> Line:
     """Whether NLTK finds the IF checkers' resources under the asset root's ``nltk_data`` (``node_files``' rule)."""
-    from recipe.mrtpo import node_files
+    from recipe.mrtpo.cluster import node_files
 
     gone, root = node_files.missing_nltk(), node_files.nltk_data_dir()
     if gone is None:
@@ -320,7 +320,7 @@ def nltk_line() -> Line:
 
 def data_root_line() -> Line:
     """Whether the data root (``$MRTPO_DATA_ROOT``, else ``<repo>/data``) is a folder: counted where it was named."""
-    from recipe.mrtpo import node_files
+    from recipe.mrtpo.cluster import node_files
 
     root, given = node_files.data_root(), bool(os.environ.get(node_files.DATA_ROOT_ENV, "").strip())
     if root.is_dir():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep import tool_calling as TOOLB
 from data_prep.common import write_parquet
+from data_prep.tool_calling import build as TOOLB
 from recipe.mrtpo.cpu.runtime import cpu_env
 
 REPO = Path(__file__).resolve().parents[2]

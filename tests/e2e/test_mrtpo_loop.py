@@ -133,7 +133,7 @@ def test_grpo_baseline_two_steps_and_weights_reach_vllm(grpo_run, tiny_task_qwen
 @pytest.mark.e2e
 @pytest.mark.timeout(TIMEOUT_S + 120)
 def test_one_seed_samples_and_updates_alike_in_two_launches(gdpo_run, mrtpo_run):
-    """Two launches under one seed, data, model and learning rate (recipe.mrtpo.rollout_seed: each request seeded
+    """Two launches under one seed, data, model and learning rate (recipe.mrtpo.rollout.rollout_seed: each request seeded
     from the run's seed, the step, its place in the batch and its sample in the group; the trainer puts the sampled
     rows back in submission order before the update): GDPO's and MRTPO's. MRTPO's first step is GDPO's (beta_0 = 0,
     no replay), so the two are the same run up to its first update: the same responses and scores at step 1, the

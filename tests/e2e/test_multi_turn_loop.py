@@ -50,7 +50,7 @@ def mt_model(tmp_path_factory, mt_data) -> tuple[Path, int]:
     from transformers import AutoTokenizer
 
     from recipe.mrtpo.cpu.tiny_model import CHATML_TEMPLATE, build_task_tokenizer, build_tiny_qwen2
-    from recipe.mrtpo.rollout_render import BFCL_AGENT
+    from recipe.mrtpo.rollout.rollout_render import BFCL_AGENT
 
     if str(REPO_ROOT / "tests") not in sys.path:  # the loop's unit tests own the tools template
         sys.path.insert(0, str(REPO_ROOT / "tests"))

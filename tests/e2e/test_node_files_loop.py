@@ -1,5 +1,5 @@
 """verl's real loop on CPU: a text-to-SQL run whose data root lacks a row's database stops before its first step,
-with the node check's one line naming the file and the node (``recipe/mrtpo/node_check.py``) and exit status 2.
+with the node check's one line naming the file and the node (``recipe/mrtpo/launch/node_check.py``) and exit status 2.
 
 The Chinook rows are rewritten to store their database relative to the data root (``chinook/chinook.sqlite``, as
 ``data_prep`` writes rows under ``$MRTPO_DATA_ROOT``), and the run points ``MRTPO_DATA_ROOT`` at an empty folder:
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from launches import LAUNCH_TIMEOUT_S  # tests/e2e/launches.py
 
+from recipe.mrtpo.cluster.node_files import MISSING_MARK
 from recipe.mrtpo.cpu.launcher import run_cpu, tiny_run_overrides
-from recipe.mrtpo.node_files import MISSING_MARK
 
 STORED = "chinook/chinook.sqlite"
 

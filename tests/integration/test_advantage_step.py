@@ -16,10 +16,10 @@ import torch
 from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
-from recipe.mrtpo import verl_seam
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats, smoothstep_beta
 from recipe.mrtpo.core.replay import hf_forward
-from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.rewards.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.seams import verl_seam
 
 
 def mrtpo_adv(*args, **kwargs):
@@ -75,7 +75,7 @@ def old_log_probs(model, prompt: list[int], response: torch.Tensor) -> torch.Ten
 
 
 def make_trainer(tok, model, step: int, *overrides: str):
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     with initialize_config_module(config_module="recipe.mrtpo.config", version_base=None):
         cfg = compose(config_name="mrtpo_trainer", overrides=["actor_rollout_ref.rollout.temperature=1.0", *overrides])
@@ -84,7 +84,7 @@ def make_trainer(tok, model, step: int, *overrides: str):
     calls = []
 
     def compute_replay_relevance(td):
-        from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
+        from recipe.mrtpo.step.worker import REPLAY_SETTINGS, replay_rows
 
         assert all(td.get_non_tensor(k) is not None for k in REPLAY_SETTINGS)  # what the worker requires
         calls.append(int(td["pair_variant"].shape[0]))
@@ -244,7 +244,7 @@ def test_rlsd_with_prompt_placed_contexts_is_gdpo(monkeypatch, tiny, caplog):
     same prompt, delta = 0 on every token, nothing is forwarded and RLSD is GDPO exactly; the step says so in
     one line."""
     ref, _, _, _ = run_step(monkeypatch, tiny, 6, "algorithm.adv_estimator=gdpo")
-    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.step.trainer"):
         fake, metrics, calls, _ = run_step(monkeypatch, tiny, 6, *RLSD, "mrtpo.rlsd_lambda=1.0")
     lines = [r.getMessage() for r in caplog.records if "privileged information" in r.getMessage()]
     assert len(lines) == 1 and "method rlsd" in lines[0] and "= GDPO here" in lines[0]
@@ -325,7 +325,7 @@ def test_the_initial_teacher_is_the_reference_policy_and_stays_put_while_the_liv
 
     from unit.test_worker import Engine
 
-    from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
+    from recipe.mrtpo.step.worker import MRTPOActorRolloutRefWorker
 
     tok, base = tiny
     actor, reference = copy.deepcopy(base), copy.deepcopy(base)  # verl's ref worker loads the initial weights apart
@@ -452,7 +452,7 @@ def test_the_sampled_batch_is_balanced_in_submission_order(monkeypatch):
     from transfer_queue.metadata import KVBatchMeta
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     seen = []
     monkeypatch.setattr(PPOTrainer, "_submit_batch_to_rollout", lambda self, batch: len(batch["uid"]))

@@ -12,7 +12,7 @@ import torch
 from verl.utils.torch_functional import entropy_from_logits
 
 from integration.test_advantage_step import LENS, MSGS, UIDS, FakeTQ, Meta, make_batch, make_trainer, padded, render
-from recipe.mrtpo import verl_seam
+from recipe.mrtpo.seams import verl_seam
 
 
 def test_fused_old_log_prob_step_writes_verls_fields_and_feeds_the_advantage_step(monkeypatch, tiny):
@@ -146,7 +146,7 @@ def test_the_standing_check_runs_verls_old_log_prob_on_the_first_and_every_nth_f
     # step trains on verl's own log-probs and entropy
     trainer.actor_rollout_wg.compute_log_prob = _verl_compute_log_prob(fake, len(render(tok, MSGS)), want, shift=0.05)
     trainer.global_steps, metrics = 16, {}
-    with caplog.at_level("WARNING", logger="recipe.mrtpo.standing_step"):
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.step.standing_step"):
         trainer._compute_old_log_prob(Meta(keys=keys, partition_id="train", extra_info={}), metrics)
     assert abs(metrics["mrtpo/consistency/fused_vs_verl_mean"] - 0.05) < 1e-4 and metrics["mrtpo/consistency/fused_vs_verl_warning"] == 1
     assert metrics["mrtpo/consistency/trained_on_verl_log_probs"] == 1

@@ -30,7 +30,7 @@ from verl.utils import torch_functional as verl_F
 
 from recipe.mrtpo.core.passes import PassSettings, hf_forward
 from recipe.mrtpo.core.replay import replay_relevance
-from recipe.mrtpo.worker import autocast_forward, verl_numerics
+from recipe.mrtpo.step.worker import autocast_forward, verl_numerics
 
 V = 384
 PROMPTS = (9, 14, 6, 11)

@@ -1,5 +1,5 @@
 """A refused launch of ``python -m recipe.mrtpo.main_mrtpo`` is one line; ``--debug`` shows the traceback
-(``recipe/mrtpo/launch_errors.py``). The messages come from the real Hydra composition of the recipe's config."""
+(``recipe/mrtpo/launch/launch_errors.py``). The messages come from the real Hydra composition of the recipe's config."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 import recipe.mrtpo.config  # noqa: F401  (registers the mrtpo group's schema, as the entry point does)
-from recipe.mrtpo.launch_errors import check_local_paths, is_launch_error, launch_errors_in_one_line, one_line
+from recipe.mrtpo.launch.launch_errors import check_local_paths, is_launch_error, launch_errors_in_one_line, one_line
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "recipe" / "mrtpo" / "config"

@@ -1,5 +1,5 @@
 """A file that vanishes mid-run (a SQL database gone from a worker's node): the verifier cannot judge the response,
-so the row leaves the advantage instead of scoring 0 (``recipe/mrtpo/reward_extras.py``): no score (out of its
+so the row leaves the advantage instead of scoring 0 (``recipe/mrtpo/rewards/reward_extras.py``): no score (out of its
 group's statistics), an advantage of exactly 0, counted as ``mrtpo/missing_files`` and logged with the line naming
 the file and the node. From the reward manager's output through the trainer's advantage step (a fake TransferQueue,
 as ``test_advantage_step.py``)."""
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from integration.test_advantage_step import LENS, SCORES, UIDS, padded, run_step
-from recipe.mrtpo import node_files
+from recipe.mrtpo.cluster import node_files
+from recipe.mrtpo.cluster.verdict import NO_VERDICT_MARK
 from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
-from recipe.mrtpo.reward_extras import ERROR_KEY, SCORES_KEY, advantage_mask, read_reward_table
-from recipe.mrtpo.reward_manager import score_sample
-from recipe.mrtpo.verdict import NO_VERDICT_MARK
+from recipe.mrtpo.rewards.reward_extras import ERROR_KEY, SCORES_KEY, advantage_mask, read_reward_table
+from recipe.mrtpo.rewards.reward_manager import score_sample
 
 GOLD = "SELECT name FROM t ORDER BY name"
 
@@ -66,7 +66,7 @@ def test_a_missing_file_row_gets_exactly_zero_advantage_and_moves_no_other_row(t
     (row 2 is then alone in group b): the row entered no group's mean or std nor the batch whitening."""
     error = _gone_error(tmp_path, monkeypatch)
     scores = [*SCORES[:3], {}]
-    with caplog.at_level(logging.WARNING, logger="recipe.mrtpo.trainer"):
+    with caplog.at_level(logging.WARNING, logger="recipe.mrtpo.step.trainer"):
         fake, metrics, calls, _ = run_step(monkeypatch, tiny, step, f"algorithm.adv_estimator={est}", "mrtpo.beta=0.5",
                                            scores=scores, errors=["", "", "", error])
     adv = padded(fake.put["advantages"])

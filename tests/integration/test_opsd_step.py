@@ -20,11 +20,11 @@ from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
 from integration.test_advantage_step import FakeTQ, Meta, render
-from recipe.mrtpo import verl_seam
 from recipe.mrtpo.core.prompt_variants import build_sample_variants
 from recipe.mrtpo.core.replay import hf_forward
 from recipe.mrtpo.methods.opsd.driver import LOSS_SETTINGS_KEY
-from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.rewards.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.seams import verl_seam
 
 MSGS = [{"role": "user", "content": "How many tracks are longer than five minutes? Reply with one SQL query in a ```sql block."}]
 CTX = {"execution_match": {"text": "SELECT COUNT(*) FROM Track WHERE Milliseconds > 300000", "placement": "appended"},
@@ -68,8 +68,8 @@ def run_step(monkeypatch, tiny, *overrides, ctx=None, reference=None, actor_fn=N
     worker's own registered methods to call instead of its row function on ``model`` / ``reference``."""
     import verl.trainer.ppo.v1.trainer_base as tb
 
-    from recipe.mrtpo.trainer import MRTPOTrainer
-    from recipe.mrtpo.worker import opsd_teacher_rows
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
+    from recipe.mrtpo.step.worker import opsd_teacher_rows
 
     tok, model = tiny
     prompt = render(tok, MSGS)
@@ -128,7 +128,7 @@ def test_opsd_without_privileged_information_says_so_once(monkeypatch, tiny, cap
     """Every Z in the prompt (instruction following): the teacher prompt is the rollout prompt on every row,
     the step counts 0 privileged rows and the trainer logs one line saying what OPSD then is."""
     placed = {"format": CTX["format"]}
-    with caplog.at_level("WARNING", logger="recipe.mrtpo.trainer"):
+    with caplog.at_level("WARNING", logger="recipe.mrtpo.step.trainer"):
         _, metrics, calls, _, _, _ = run_step(monkeypatch, tiny, *OPSD, f"mrtpo.opsd_topk={K}", ctx=placed)
     assert calls == [("ref", 4)] and metrics["mrtpo/rows_privileged"] == 0 and metrics["mrtpo/opsd/rows_same_prompt"] == 4
     lines = [r.getMessage() for r in caplog.records if "privileged information" in r.getMessage()]
@@ -207,7 +207,7 @@ def test_opsds_frozen_teacher_stays_put_while_gdpo_distills_live_one_moves(monke
 
     from unit.test_worker import Engine
 
-    from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
+    from recipe.mrtpo.step.worker import MRTPOActorRolloutRefWorker
 
     tok, base = tiny
     actor, reference = copy.deepcopy(base), copy.deepcopy(base)  # verl's ref worker loads the initial weights apart
@@ -243,8 +243,9 @@ def test_opsd_is_attached_through_its_registry_entry():
     """The trainer knows no OPSD: the methods' entries carry the hook, which reads its step context only."""
     import inspect
 
-    from recipe.mrtpo import methods, trainer
+    from recipe.mrtpo import methods
     from recipe.mrtpo.methods.opsd import step as opsd_step
+    from recipe.mrtpo.step import trainer
 
     assert methods.get("opsd").after_step is not None and methods.get("gdpo").after_step is None
     assert methods.get("gdpo-distill").after_step == methods.get("opsd").after_step

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.mrtpo.reward_manager import ERROR_KEY, TASK_KEY, MRTPORewardManager, score_sample
+from recipe.mrtpo.rewards.reward_manager import ERROR_KEY, TASK_KEY, MRTPORewardManager, score_sample
 from recipe.mrtpo.tasks import Context, RewardResult, register_task
 
 FORMAT = "Reply with one word in lowercase."

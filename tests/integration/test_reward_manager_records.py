@@ -18,9 +18,9 @@ import torch
 from verl import DataProto
 
 from data_prep.multi_turn import gold_record, multi_turn_row
-from recipe.mrtpo.reward_extras import ERROR_KEY, RECORD_ERROR_PREFIX, SCORES_KEY, read_reward_table
-from recipe.mrtpo.reward_manager import MRTPORewardManager
-from recipe.mrtpo.step_metrics import reward_metrics
+from recipe.mrtpo.rewards.reward_extras import ERROR_KEY, RECORD_ERROR_PREFIX, SCORES_KEY, read_reward_table
+from recipe.mrtpo.rewards.reward_manager import MRTPORewardManager
+from recipe.mrtpo.step.step_metrics import reward_metrics
 from recipe.mrtpo.tasks import record_field_of
 from recipe.mrtpo.tasks.multi_turn.official import load_category
 from recipe.mrtpo.tasks.multi_turn.trajectory import RECORD_FIELD
@@ -104,7 +104,7 @@ def test_a_missing_or_malformed_record_scores_zero_logged_and_counted(row, case,
     r, gold = row
     extra = {"missing": {"bfcl_spans": []}, "none": {RECORD_FIELD: None},
              "malformed": {RECORD_FIELD: {"turns": "x"}}, "not_json": {RECORD_FIELD: "{not json"}}[case]
-    with caplog.at_level(logging.WARNING, logger="recipe.mrtpo.reward_manager"):
+    with caplog.at_level(logging.WARNING, logger="recipe.mrtpo.rewards.reward_manager"):
         out = run(batch(r, extra_fields=extra))
     s, err = scores_of(out), out["reward_extra_info"][ERROR_KEY]
     assert s and set(s.values()) == {0.0} and out["reward_score"] == 0.0  # every reward of the task, at 0

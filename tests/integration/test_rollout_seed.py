@@ -1,4 +1,4 @@
-"""The seeded agent-loop worker and manager (recipe/mrtpo/rollout_seed.py) without Ray: the request's sampling
+"""The seeded agent-loop worker and manager (recipe/mrtpo/rollout/rollout_seed.py) without Ray: the request's sampling
 parameters get request_seed(rollout.seed, step, position, session) and the position never reaches verl; a request
 without them is sampled as verl samples it. (The launch itself: tests/e2e/test_mrtpo_loop.py.)"""
 
@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-from recipe.mrtpo import rollout_seed
 from recipe.mrtpo.core.seeding import request_seed
+from recipe.mrtpo.rollout import rollout_seed
 
 
 def call(monkeypatch, trajectory, **kwargs):

@@ -243,7 +243,7 @@ def test_dry_run_config(dry_runs, name):
     assert cfg["mrtpo"]["replay"] is True  # never switched off: replay runs iff adv_estimator == mrtpo
     assert (cfg["mrtpo"]["beta"], cfg["mrtpo"]["warmup_steps"], cfg["mrtpo"]["max_realloc_rms"]) == (0.5, 10, 1.0)
     rm = cfg["reward"]["reward_manager"]
-    assert (rm["name"], rm["source"], rm["module"]["path"]) == ("MRTPORewardManager", "importlib", "pkg://recipe.mrtpo.reward_manager")
+    assert (rm["name"], rm["source"], rm["module"]["path"]) == ("MRTPORewardManager", "importlib", "pkg://recipe.mrtpo.rewards.reward_manager")
     assert cfg["trainer"]["v1"]["trainer_mode"] == "mrtpo" and cfg["trainer"]["use_v1"] is True
     # the composed config passes the entry point's own check (run before Ray starts), GPU settings included
     from omegaconf import OmegaConf

@@ -24,8 +24,8 @@ from hydra import compose, initialize_config_module
 from tensordict import NonTensorStack, TensorDict
 
 from integration.test_advantage_step import FakeTQ, Meta, old_log_probs, render
-from recipe.mrtpo import verl_seam
-from recipe.mrtpo.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.rewards.reward_extras import CONTEXTS_KEY, ERROR_KEY, SCORES_KEY
+from recipe.mrtpo.seams import verl_seam
 
 IF_MSGS = [{"role": "user", "content": "Write a haiku about rain. Do not use any commas. Use only lowercase letters."}]
 SQL_MSGS = [{"role": "user", "content": "How many tracks are longer than five minutes? Do not use any commas. "
@@ -69,8 +69,8 @@ def run_steps(monkeypatch, tiny, share: bool, *overrides: str, opsd: bool = Fals
     ``mrtpo.share_prompts={share}``; -> (what the trainer wrote, its metrics, the worker's fp32 replay outputs)."""
     from unit.test_worker import Engine
 
-    import recipe.mrtpo.worker as worker_mod
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    import recipe.mrtpo.step.worker as worker_mod
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     tok, model = tiny
     td = make_batch(tok, model)
@@ -151,7 +151,7 @@ def test_share_prompts_on_flash_attention_runs_the_shared_forwards_under_the_tre
     switch the module's attention to the tree's FlexAttention for the forward (one warning says so), share their
     prompts (no fallback counted), equal the unshared step, and leave the module's attention as it was."""
     import recipe.mrtpo.core.shared_prompts as sp
-    import recipe.mrtpo.worker as worker_mod
+    import recipe.mrtpo.step.worker as worker_mod
 
     monkeypatch.setattr(sp, "_FALLBACK_LOGGED", set())
     model = tiny[1]

@@ -95,8 +95,8 @@ def test_the_adapter_equals_the_verl_recipes_mrtpo_step(monkeypatch, tiny, tmp_p
 
     The recipe's workers hand q back to the driver in bf16 (``worker.RELEVANCE_DTYPE``, a wire compression); the
     adapter has no wire and keeps fp32, so the comparison sets the wire to fp32."""
-    from recipe.mrtpo import trainer as verl_trainer
-    from recipe.mrtpo import worker
+    from recipe.mrtpo.step import trainer as verl_trainer
+    from recipe.mrtpo.step import worker
 
     monkeypatch.setattr(worker, "RELEVANCE_DTYPE", torch.float32)
 

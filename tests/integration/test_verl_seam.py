@@ -1,9 +1,9 @@
 """Guard of the only lines the recipe re-states from verl: the advantage step's fetch and write-back.
 
-``recipe/mrtpo/verl_seam.py`` mirrors steps 1, 2 and 4 of verl 0.9.1's ``PPOTrainer._compute_advantage``.
+``recipe/mrtpo/seams/verl_seam.py`` mirrors steps 1, 2 and 4 of verl 0.9.1's ``PPOTrainer._compute_advantage``.
 These tests fail when the installed verl's method is not the pinned one (with a diff against the copy in
 ``tests/integration/data/``), and check the mirrored details against the upstream text itself. The other pins
-(``recipe/mrtpo/source_pins.py`` reads them), each kept next to the code it guards, are checked here too: verl's
+(``recipe/mrtpo/seams/source_pins.py`` reads them), each kept next to the code it guards, are checked here too: verl's
 numerics and distillation path (``verl_seam``), the BFCL loop's verl pieces (``agent/pins.py``), SDPO's
 (``methods/sdpo/pins.py``) and the rollout seeds' (``rollout_seed.py``).
 """
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo import rollout_seed, verl_seam
 from recipe.mrtpo.agent import pins as agent_pins
 from recipe.mrtpo.methods.sdpo import pins as sdpo_pins
-from recipe.mrtpo.source_pins import file_source, named_source
+from recipe.mrtpo.rollout import rollout_seed
+from recipe.mrtpo.seams import verl_seam
+from recipe.mrtpo.seams.source_pins import file_source, named_source
 
 PINNED = Path(__file__).resolve().parent / "data" / "verl_0.9.1_compute_advantage.py.txt"
 
@@ -215,7 +216,7 @@ def test_the_verl_code_sdpo_relies_on_is_the_pinned_one():
 
 # ------------------------------------------------------------------ the rollout's per-request seeds
 def test_the_functions_the_rollout_seeds_rely_on_are_verls_pinned_ones():
-    assert rollout_seed.check_rollout_seed_sources() == [], "verl changed: re-check recipe/mrtpo/rollout_seed.py"
+    assert rollout_seed.check_rollout_seed_sources() == [], "verl changed: re-check recipe/mrtpo/rollout/rollout_seed.py"
 
 
 def test_the_rollout_seeds_assumptions_are_upstream_lines():
@@ -252,9 +253,9 @@ def test_the_recipe_config_selects_the_seeded_manager_and_it_subclasses_verls():
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-    yaml = OmegaConf.load(Path(verl_seam.__file__).parent / "config" / "mrtpo_trainer.yaml")
+    yaml = OmegaConf.load(Path(verl_seam.__file__).parents[1] / "config" / "mrtpo_trainer.yaml")
     fqn = yaml.actor_rollout_ref.rollout.agent.agent_loop_manager_class
-    assert fqn == "recipe.mrtpo.rollout_seed.SeededAgentLoopManager"
+    assert fqn == "recipe.mrtpo.rollout.rollout_seed.SeededAgentLoopManager"
     assert issubclass(rollout_seed.SeededAgentLoopManager, AgentLoopManagerTQ)
     assert issubclass(rollout_seed.SeededAgentLoopWorker.__ray_actor_class__, AgentLoopWorkerTQ.__ray_actor_class__)
 
@@ -263,7 +264,7 @@ def test_the_recipe_config_selects_the_seeded_manager_and_it_subclasses_verls():
 def test_the_verl_code_the_checkpoint_checks_rely_on_is_the_pinned_one():
     """``checkpoint_shards`` and the trainer's resume / save rely on verl's global pool, its save's folders and
     tracker, its resume's look-up and the FSDP manager's per-rank shard names (verl_seam.CHECKPOINT_SOURCES)."""
-    assert verl_seam.check_checkpoint_sources() == [], "verl changed: re-check recipe/mrtpo/checkpoint_shards.py"
+    assert verl_seam.check_checkpoint_sources() == [], "verl changed: re-check recipe/mrtpo/cluster/checkpoint_shards.py"
     pool = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._init_resource_pool_mgr")
     assert "global_pool_id: [config.trainer.n_gpus_per_node] * config.trainer.nnodes," in pool
     save = named_source("verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint")

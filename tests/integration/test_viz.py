@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from recipe.mrtpo.core.advantage import relevance_weights
-from recipe.mrtpo.dump import DumpError, load_dump
+from recipe.mrtpo.step.dump import DumpError, load_dump
 from recipe.mrtpo.tools.viz import render as viz
 from recipe.mrtpo.tools.viz.tokens import decode_byte_level, looks_byte_level, sanitize_text
 from recipe.mrtpo.tools.viz.view import normalise_dump, row_weights

@@ -319,7 +319,7 @@ def test_reward_table_from_extras_gives_verl_gdpo():
 
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
-    from recipe.mrtpo.reward_extras import SCORES_KEY, read_reward_table
+    from recipe.mrtpo.rewards.reward_extras import SCORES_KEY, read_reward_table
 
     scores, index, mask, q = make_batch(seed=11)
     names = ["r0", "r1", "r2"]

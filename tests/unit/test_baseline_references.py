@@ -115,7 +115,7 @@ def test_algo_sdpo_sets_sdpos_rollout_correction_in_verls_settings_and_no_kl():
 
 
 def test_grpo_trains_on_the_mean_of_the_rewards_as_its_summary_says(monkeypatch):
-    from recipe.mrtpo import reward_manager
+    from recipe.mrtpo.rewards import reward_manager
     from recipe.mrtpo.tasks import Context, RewardResult
 
     assert "mean" in METHODS["grpo"].summary and "summed" not in METHODS["grpo"].summary

@@ -321,7 +321,7 @@ def test_gpu_replay_prompt_heavy_times_the_three_paths_under_their_attentions(ca
 
     from benchmarks.gpu_prompt_heavy import bench_prompt_heavy, expand_groups
     from benchmarks.gpu_replay import make_rows
-    from recipe.mrtpo.tree_attention import register_tree_attention
+    from recipe.mrtpo.passes.tree_attention import register_tree_attention
 
     register_tree_attention()
     g = torch.Generator().manual_seed(0)

@@ -524,7 +524,7 @@ def test_hostile_corpus_ends_within_bounds_with_counted_reasons(tok, name, monke
 
 def test_the_bfcl_sources_followed_are_the_pinned_ones():
     from recipe.mrtpo.agent.pins import check_bfcl_sources
-    from recipe.mrtpo.source_pins import named_source
+    from recipe.mrtpo.seams.source_pins import named_source
 
     def bfcl_source(name):
         return named_source(name, package="bfcl_eval")
@@ -551,7 +551,7 @@ def test_the_bfcl_sources_followed_are_the_pinned_ones():
 
 def test_the_replay_renders_p_all_as_the_loop_rendered_its_prompt(tok):
     from recipe.mrtpo.agent.bfcl_env import AGENT_NAME, tools_of_row
-    from recipe.mrtpo.rollout_render import BFCL_AGENT, RolloutRender
+    from recipe.mrtpo.rollout.rollout_render import BFCL_AGENT, RolloutRender
 
     assert BFCL_AGENT == AGENT_NAME
     cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"model": {}, "rollout": {

@@ -41,7 +41,7 @@ ARGS = [
 
 
 def _schema(funcs):
-    from data_prep.tool_calling import _bfcl_function
+    from data_prep.tool_calling.build import _bfcl_function
 
     return [_bfcl_function(f) for f in funcs]
 
@@ -101,7 +101,7 @@ def test_agreement_on_bfcl_rows_and_perturbations(category):
     if not (BFCL_DIR / f"BFCL_v4_{category}.json").is_file():
         pytest.fail(f"BFCL assets missing at {BFCL_DIR}: run `bash run_scripts/setup.sh` first")
     from data_prep.common import SkipLog
-    from data_prep.tool_calling import build_bfcl_rows
+    from data_prep.tool_calling.build import build_bfcl_rows
 
     dropped: list = []
     rows, _ = build_bfcl_rows(BFCL_DIR, [category], skips=SkipLog(max_printed=0), limit_per_category=60,

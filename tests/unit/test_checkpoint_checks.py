@@ -1,4 +1,4 @@
-"""Checkpoints across nodes (``recipe/mrtpo/checkpoint_shards.py``, the trainer's resume and save): a resume that
+"""Checkpoints across nodes (``recipe/mrtpo/cluster/checkpoint_shards.py``, the trainer's resume and save): a resume that
 finds no checkpoint where the run's record or verl's tracker says one was saved, a ``resume_from_path`` that holds
 none, and shards of another world size are refused in one line before verl loads anything (verl would start at
 step 0, or fail rank by rank); every save is recorded; only a run that saves or resumes needs a shared folder."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipe.mrtpo import checkpoint_shards as C
+from recipe.mrtpo.cluster import checkpoint_shards as C
 
 
 def _trainer_cfg(folder: Path, mode: str = "auto", **kw) -> SimpleNamespace:
@@ -25,7 +25,7 @@ def _shards(actor: Path, world: int, ranks=None) -> None:
 
 
 def test_a_resume_to_nothing_is_refused_where_the_run_recorded_a_save(tmp_path):
-    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.seams import verl_seam
 
     folder = tmp_path / "ckpt"
     cfg = _trainer_cfg(folder)
@@ -66,8 +66,8 @@ def test_shards_of_another_world_size_are_refused(tmp_path):
 def test_the_trainer_refuses_before_verl_loads_and_records_each_save(tmp_path, monkeypatch):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from recipe.mrtpo import verl_seam
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    from recipe.mrtpo.seams import verl_seam
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     folder = tmp_path / "ckpt"
     trainer = MRTPOTrainer.__new__(MRTPOTrainer)
@@ -90,7 +90,7 @@ def test_the_trainer_refuses_before_verl_loads_and_records_each_save(tmp_path, m
 def test_a_refused_resume_from_the_task_runner_is_printed_alone():
     from ray.exceptions import RayTaskError
 
-    from recipe.mrtpo.launch_errors import is_launch_error, one_line
+    from recipe.mrtpo.launch.launch_errors import is_launch_error, one_line
 
     line = C.RESUME_MARK + "resume_mode=auto finds no checkpoint in /c although mrtpo_saves.jsonl records step 5"
     err = RayTaskError("run", "Traceback ...\n  many lines", RuntimeError(line)).as_instanceof_cause()

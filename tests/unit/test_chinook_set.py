@@ -29,7 +29,7 @@ from data_prep.chinook_db import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-QUESTIONS = REPO / "data_prep" / "chinook_questions.jsonl"
+QUESTIONS = REPO / "data_prep" / "data" / "chinook_questions.jsonl"
 CATEGORIES = {"filter", "join", "aggregation", "group_having", "subquery", "order_limit", "date"}
 DIFFICULTIES = {"easy", "medium", "hard"}
 

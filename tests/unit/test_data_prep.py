@@ -1,7 +1,7 @@
 """Tests of the data builders (data_prep/): rows in verl's layout that the verifiers score as intended.
 
 Every check reads the parquet back with pandas (numpy arrays inside, as verl hands rows to the reward
-manager) and scores through :func:`recipe.mrtpo.reward_manager.score_sample`, exactly what training
+manager) and scores through :func:`recipe.mrtpo.rewards.reward_manager.score_sample`, exactly what training
 runs on a row. Needs the offline assets of ``run_scripts/setup.sh`` (``.assets/chinook``, ``.assets/if``,
 ``.assets/bfcl``, ``.assets/nltk_data``); a missing asset fails the test that needs it.
 
@@ -24,9 +24,6 @@ from pathlib import Path
 import pytest
 
 from data_prep import build_offline
-from data_prep import instruction_following as IFB
-from data_prep import text_to_sql as SQLB
-from data_prep import tool_calling as TOOLB
 from data_prep.common import (
     SkipLog,
     hash_split,
@@ -35,6 +32,10 @@ from data_prep.common import (
     sha256_file,
     write_parquet,
 )
+from data_prep.instruction_following import build as IFB
+from data_prep.instruction_following import compat as IFC
+from data_prep.text_to_sql import build as SQLB
+from data_prep.tool_calling import build as TOOLB
 
 REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / ".assets"
@@ -42,7 +43,7 @@ ASSETS = REPO / ".assets"
 
 @pytest.fixture(scope="module")
 def score_sample():
-    from recipe.mrtpo.reward_manager import score_sample as fn
+    from recipe.mrtpo.rewards.reward_manager import score_sample as fn
 
     return fn
 
@@ -560,9 +561,9 @@ def test_if_training_rows_carry_their_constraints_verbatim(built):
             assert prompt.count(t) == 1, t
             removed = remove_from_messages(list(row["prompt"]), t)
             assert removed is not None and t not in removed[0]["content"]
-        assert not any(IFB.conflicts(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]), ids
-        assert IFB.kwargs_conflict(list(zip(ids, kws))) is None
-        assert len(ids) == 1 or not set(ids) & IFB.SOLO_IDS
+        assert not any(IFC.conflicts(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]), ids
+        assert IFC.kwargs_conflict(list(zip(ids, kws))) is None
+        assert len(ids) == 1 or not set(ids) & IFC.SOLO_IDS
         sizes[len(ids)] += 1
         used |= set(ids)
     assert set(sizes) == {1, 2, 3, 4, 5} and min(sizes.values()) > len(rows) / 10
@@ -656,7 +657,7 @@ def test_if_random_passable_pool(built):
         for iid, kw in zip(gt["instruction_id_list"], gt["kwargs"]):
             assert json.loads(kw) == allowed[iid]
     with pytest.raises(ValueError):
-        IFB.constraint_pool("punctuation:no_comma,combination:repeat_prompt")
+        IFC.constraint_pool("punctuation:no_comma,combination:repeat_prompt")
 
 
 def test_conflict_rules():
@@ -665,21 +666,21 @@ def test_conflict_rules():
     from recipe.mrtpo.tasks.instruction_following import COMPOSABLE_IDS
 
     for a in COMPOSABLE_IDS:
-        assert IFB.conflicts(a, a)
+        assert IFC.conflicts(a, a)
         for b in COMPOSABLE_IDS:
-            assert IFB.conflicts(a, b) == IFB.conflicts(b, a)
+            assert IFC.conflicts(a, b) == IFC.conflicts(b, a)
     for a, bs in INSTRUCTION_CONFLICTS.items():
         for b in bs:
             if a in COMPOSABLE_IDS and b in COMPOSABLE_IDS:
-                assert IFB.conflicts(a, b)
-    assert not IFB.conflicts("punctuation:no_comma", "detectable_format:title")
-    assert IFB.conflicts("punctuation:no_comma", "count:punctuation")
-    assert IFB.conflicts("language:response_language", "count:conjunctions")
-    assert IFB.kwargs_conflict([("keywords:existence", {"keywords": ["apple"]}),
+                assert IFC.conflicts(a, b)
+    assert not IFC.conflicts("punctuation:no_comma", "detectable_format:title")
+    assert IFC.conflicts("punctuation:no_comma", "count:punctuation")
+    assert IFC.conflicts("language:response_language", "count:conjunctions")
+    assert IFC.kwargs_conflict([("keywords:existence", {"keywords": ["apple"]}),
                                 ("keywords:forbidden_words", {"forbidden_words": ["apples"]})])
-    assert IFB.kwargs_conflict([("words:repeats", {"small_n": 1}), ("words:words_position", {"keyword": "x"})])
-    assert IFB.kwargs_conflict([("length_constraints:number_sentences", {"num_sentences": 1, "relation": "less than"})])
-    assert IFB.kwargs_conflict([("keywords:existence", {"keywords": ["apple"]}),
+    assert IFC.kwargs_conflict([("words:repeats", {"small_n": 1}), ("words:words_position", {"keyword": "x"})])
+    assert IFC.kwargs_conflict([("length_constraints:number_sentences", {"num_sentences": 1, "relation": "less than"})])
+    assert IFC.kwargs_conflict([("keywords:existence", {"keywords": ["apple"]}),
                                 ("keywords:forbidden_words", {"forbidden_words": ["pear"]})]) is None
 
 

@@ -24,8 +24,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = sorted(p.stem for p in (REPO / "data_prep").glob("*.py") if p.stem != "__init__")
-CLIS = [m for m in MODULES if "\ndef main(" in (REPO / "data_prep" / f"{m}.py").read_text(encoding="utf-8")]
+DATA_PREP = REPO / "data_prep"
+#: every module of data_prep, dotted below it (``common``, ``text_to_sql.rows``)
+MODULES = sorted(".".join(p.relative_to(DATA_PREP).with_suffix("").parts) for p in DATA_PREP.rglob("*.py")
+                 if p.stem not in ("__init__", "__main__"))
+
+
+def _source(module: str) -> str:
+    return (DATA_PREP / Path(*module.split("."))).with_suffix(".py").read_text(encoding="utf-8")
+
+
+def _main_module(package: Path) -> str:
+    """The module whose ``main`` a package's ``__main__.py`` runs (``from data_prep.X.build import main``)."""
+    for node in ast.walk(ast.parse((package / "__main__.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "main" for a in node.names):
+            return node.module.split(".", 1)[1]
+    raise AssertionError(f"{package}/__main__.py runs no main")
+
+
+#: ``python -m data_prep.<name>`` -> the module whose ``main`` it runs (a package's: what its __main__.py imports)
+CLIS = {**{m: m for m in MODULES if "\ndef main(" in _source(m)},
+        **{p.parent.name: _main_module(p.parent) for p in DATA_PREP.glob("*/__main__.py")}}
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
@@ -43,21 +62,21 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
         if p.returncode != 0:
             failed[m] = err.strip().splitlines()[-1:]
     assert not failed, failed
-    assert {"common", "sql_rows", "if_rows", "tool_rows", "text_to_sql", "sql_sources"} <= set(MODULES)
+    assert {"common", "text_to_sql.rows", "instruction_following.rows", "tool_calling.rows", "text_to_sql.build",
+            "text_to_sql.sources"} <= set(MODULES)
 
 
 def _data_prep_imports(module: str) -> set[str]:
     """The ``data_prep`` modules ``module`` imports anywhere in its source (function bodies included)."""
-    tree = ast.parse((REPO / "data_prep" / f"{module}.py").read_text(encoding="utf-8"))
     out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "data_prep":
-                out |= {a.name for a in node.names}
-            elif node.module.startswith("data_prep."):
-                out.add(node.module.split(".")[1])
+    for node in ast.walk(ast.parse(_source(module))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "data_prep":
+            base = node.module.split(".", 1)[1] if "." in node.module else ""
+            for a in node.names:  # ``from data_prep.X import build``: the module X.build; else the module X
+                sub = f"{base}.{a.name}" if base else a.name
+                out.add(sub if sub in MODULES else base)
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("data_prep.")}
+            out |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("data_prep.")}
     return out & set(MODULES)
 
 
@@ -92,7 +111,7 @@ def test_data_prep_has_no_import_cycles():
     graph = {m: _data_prep_imports(m) for m in MODULES}
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
     # the leaf modules the task builders share import no builder
-    for leaf in ("sql_rows", "if_rows", "tool_rows", "common"):
+    for leaf in ("text_to_sql.rows", "instruction_following.rows", "tool_calling.rows", "common"):
         assert graph[leaf] <= {"common"}, (leaf, graph[leaf])
     # the detector itself finds a cycle hidden in a function body
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -112,7 +131,7 @@ class _Parser(Exception):
 def cli_parser(module: str) -> argparse.ArgumentParser:
     """The argparse parser ``python -m data_prep.<module>`` uses: ``main`` is called and stopped at its
     ``parse_args`` (every builder parses its arguments before doing anything)."""
-    mod = importlib.import_module(f"data_prep.{module}")
+    mod = importlib.import_module(f"data_prep.{CLIS[module]}")
 
     def capture(self, *args, **kwargs):
         raise _Parser(self)

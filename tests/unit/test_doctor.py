@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo import doctor, verl_seam
+from recipe.mrtpo import doctor
+from recipe.mrtpo.seams import verl_seam
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +107,7 @@ def test_without_flash_attn_the_doctor_says_what_to_do_and_the_sdpa_overrides_co
 
 # --------------------------------------------------------------------- the launch's preflight (the run scripts')
 def test_preflight_says_one_line_per_check_and_fails_on_a_missing_one(tmp_path, monkeypatch, capsys):
-    from recipe.mrtpo import node_files
+    from recipe.mrtpo.cluster import node_files
 
     monkeypatch.setattr(doctor, "nvidia_driver", lambda: "575.57.08")
     monkeypatch.setattr(doctor, "_flash_attn_error", lambda: "ModuleNotFoundError: No module named 'flash_attn'")

@@ -1,4 +1,4 @@
-"""Tests of ``recipe.mrtpo.dump``, the relevance-dump schema: write/load round trip, the shipped sample dump
+"""Tests of ``recipe.mrtpo.step.dump``, the relevance-dump schema: write/load round trip, the shipped sample dump
 (a real trainer dump of the tiny-model run, written before ``max_realloc_rms`` and ``shuffle`` were added),
 finding a step in a folder, and malformed dumps failing with a message that names the problem."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.mrtpo.dump import (
+from recipe.mrtpo.step.dump import (
     DUMP_NAME,
     DumpError,
     RelevanceDump,
@@ -161,7 +161,7 @@ def test_check_dump_fills_what_is_optional():
 
 
 def test_loop_spans_keep_what_the_model_did_not_generate():
-    from recipe.mrtpo.dump import loop_spans
+    from recipe.mrtpo.step.dump import loop_spans
 
     loop = [[["model", 0, 3, 0, 0], ["tool", 3, 9, 0, 0], ["model", 9, 12, 0, 1], ["user", 12, 20, 1, -1]],
             [["model", 0, 5, 0, 0]]]

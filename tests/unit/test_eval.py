@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from data_prep import instruction_following as IFB
-from data_prep import text_to_sql as SQLB
-from data_prep import tool_calling as TOOLB
 from data_prep.common import write_parquet
+from data_prep.instruction_following import build as IFB
+from data_prep.text_to_sql import build as SQLB
+from data_prep.tool_calling import build as TOOLB
 from recipe.mrtpo.tools.eval import generation as G
 from recipe.mrtpo.tools.eval import harness as E
 from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY, aggregate, score_response

@@ -352,7 +352,7 @@ def test_the_loops_spans_reach_the_viewer(data, tools_model, tools_tok):
     mark the tool results and injected user turns in the heatmap, and only them."""
     import torch
 
-    from recipe.mrtpo.dump import loop_spans
+    from recipe.mrtpo.step.dump import loop_spans
     from recipe.mrtpo.tools.viz.render import render_html
     from recipe.mrtpo.tools.viz.view import normalise_dump
 

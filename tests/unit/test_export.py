@@ -101,8 +101,8 @@ def test_export_and_resume_refuse_a_checkpoint_with_missing_shards(tmp_path, tin
     """A node-local default_local_dir with NNODES > 1: this node holds ranks 0-1 of 4. One line: found, expected."""
     from types import SimpleNamespace
 
-    from recipe.mrtpo import verl_seam
-    from recipe.mrtpo.checkpoint_shards import missing_shards_line, shard_counts
+    from recipe.mrtpo.cluster.checkpoint_shards import missing_shards_line, shard_counts
+    from recipe.mrtpo.seams import verl_seam
 
     step = tmp_path / "ckpt" / "global_step_3"
     _fake_actor(step, tiny_model, world_size=4)
@@ -130,8 +130,8 @@ def test_export_and_resume_refuse_a_checkpoint_with_missing_shards(tmp_path, tin
 def test_the_trainers_resume_refuses_missing_shards_before_verl_loads(tmp_path, tiny_model, monkeypatch):
     from types import SimpleNamespace
 
-    from recipe.mrtpo import verl_seam
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    from recipe.mrtpo.seams import verl_seam
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     step = tmp_path / "global_step_2"
     _fake_actor(step, tiny_model, world_size=2)

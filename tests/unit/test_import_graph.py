@@ -14,7 +14,9 @@ package ``a.b`` also runs ``a.b``'s ``__init__``: it is an edge to that package 
   python3) imports only the standard library at module level;
 - the TRL adapter (``recipe.mrtpo.trl_adapter``) imports only the core, the task registry and itself of the
   recipe, reaches none of the glue, and no module it reaches imports verl, Ray or vLLM (TRL users have none);
-- no module of ``recipe/`` is longer than :data:`MAX_MODULE_LINES` lines (a module has one job).
+- no module of ``recipe/`` or ``data_prep/`` is longer than :data:`MAX_MODULE_LINES` lines (a module has one job);
+- the rooms: ``recipe/mrtpo/`` holds packages and only the modules of :data:`LOOSE`, and every import of a room
+  (a package or loose module of ``recipe.mrtpo``) goes to a room listed before it in :data:`ROOMS` (no arrow back up).
 """
 
 from __future__ import annotations
@@ -29,19 +31,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: the trainer's glue: the modules that bind the recipe to verl's trainer, workers and TransferQueue
 GLUE = (
-    "recipe.mrtpo.trainer",
-    "recipe.mrtpo.worker",
+    "recipe.mrtpo.step.trainer",
+    "recipe.mrtpo.step.worker",
     "recipe.mrtpo.main_mrtpo",
-    "recipe.mrtpo.verl_seam",
-    "recipe.mrtpo.reward_manager",
-    "recipe.mrtpo.pass_driver",
-    "recipe.mrtpo.replay_driver",
+    "recipe.mrtpo.seams.verl_seam",
+    "recipe.mrtpo.rewards.reward_manager",
+    "recipe.mrtpo.passes.pass_driver",
+    "recipe.mrtpo.step.replay_driver",
     "recipe.mrtpo.methods.opsd.step",
     "recipe.mrtpo.methods.opsd.driver",
     "recipe.mrtpo.methods.opsd.loss",
     "recipe.mrtpo.methods.sdpo.step",
     "recipe.mrtpo.methods.sdpo.loss",
 )
+
+
+#: the rooms of ``recipe.mrtpo``, from the bottom floor up: a room imports only rooms before it (docs/architecture.md)
+ROOMS = ("core", "cluster", "seams", "config", "tasks", "passes", "agent", "rewards", "methods", "rollout", "step",
+         "launch", "tools", "doctor", "main_mrtpo", "cpu", "trl_adapter")
+#: the modules that stand loose in ``recipe/mrtpo/`` beside its packages: the entry points
+LOOSE = ("__init__", "main_mrtpo", "doctor")
 
 
 #: the TRL adapter and what of the recipe it may import (itself, the core, the task registry; its demo: the SmolLM2
@@ -201,7 +210,34 @@ def violations(root: Path = REPO) -> list[str]:
             third = sorted(n for n, lazy in outside[m].items() if not lazy and n not in stdlib)
             if third:
                 out.append(f"the registry's command line imports {third} at module level: {' -> '.join(p)}")
+    out += room_breaches(graph, root)
     return sorted(set(out))
+
+
+def room_of(mod: str) -> str | None:
+    """The room of a ``recipe.mrtpo`` module (its package or loose module below ``recipe.mrtpo``)."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["recipe", "mrtpo"] else None
+
+
+def room_breaches(graph: dict[str, dict[str, bool]], root: Path = REPO) -> list[str]:
+    """A room unknown to :data:`ROOMS`, a loose module not in :data:`LOOSE`, and every import up the floors."""
+    out = []
+    mrtpo = root / "recipe" / "mrtpo"
+    if mrtpo.is_dir():
+        out += [f"a loose module in recipe/mrtpo/: {p.name}" for p in sorted(mrtpo.glob("*.py")) if p.stem not in LOOSE]
+    for mod, targets in graph.items():
+        src = room_of(mod)
+        for t in targets:
+            dst = room_of(t)
+            if src is None or dst is None or dst == src:
+                continue
+            unknown = [r for r in (src, dst) if r not in ROOMS]
+            if unknown:
+                out.append(f"a room not in ROOMS: {unknown[0]} ({mod} -> {t})")
+            elif ROOMS.index(dst) > ROOMS.index(src):
+                out.append(f"an import up the floors: {mod} ({src}) -> {t} ({dst})")
+    return out
 
 
 #: the house's limit on a module's length, in lines
@@ -224,7 +260,7 @@ def _lazy_edges(graph) -> list[str]:
 
 def test_the_recipe_import_graph_has_no_circle_and_keeps_its_layers():
     graph, _ = build_graph()
-    assert len(graph) > 50 and "recipe.mrtpo.methods" in graph and "recipe.mrtpo.trainer" in graph
+    assert len(graph) > 50 and "recipe.mrtpo.methods" in graph and "recipe.mrtpo.step.trainer" in graph
     assert violations() == []
 
 
@@ -257,12 +293,12 @@ def test_the_checker_finds_a_circle_a_layer_breach_and_data_prep(tmp_path):
     assert any(v.startswith("tools reach glue") for v in found), found
     assert "tools import data_prep: recipe.mrtpo.tools.agree" in found, found
     # the TRL adapter reaching the glue, and (through the task registry) verl
-    write("recipe/mrtpo/trl_adapter/__init__.py", "from recipe.mrtpo import trainer\nfrom recipe.mrtpo.tasks import x\n")
+    write("recipe/mrtpo/trl_adapter/__init__.py", "from recipe.mrtpo.step import trainer\nfrom recipe.mrtpo.tasks import x\n")
     write("recipe/mrtpo/tasks/__init__.py", "")
     write("recipe/mrtpo/tasks/x.py", "import verl\n")
-    write("recipe/mrtpo/trainer.py", "")
+    write("recipe/mrtpo/step/trainer.py", "")
     found = violations(tmp_path)
-    assert "the TRL adapter imports recipe.mrtpo.trainer: recipe.mrtpo.trl_adapter" in found, found
+    assert "the TRL adapter imports recipe.mrtpo.step.trainer: recipe.mrtpo.trl_adapter" in found, found
     assert any(v.startswith("the TRL adapter reaches glue") for v in found), found
     assert any(v.startswith("the TRL adapter reaches an import of ['verl']") for v in found), found
     # the registry's command line with a third-party import at module level
@@ -280,8 +316,24 @@ def test_relative_and_absolute_imports_resolve_to_the_same_module(tmp_path, rel)
     assert "recipe.pkg.b" in graph["recipe.pkg.a"]
 
 
+def test_the_rooms_checker_finds_a_loose_module_and_an_arrow_up(tmp_path):
+    for f, text in {"recipe/__init__.py": "", "recipe/mrtpo/__init__.py": "", "recipe/mrtpo/main_mrtpo.py": "",
+                    "recipe/mrtpo/core/__init__.py": "", "recipe/mrtpo/core/maths.py": "from recipe.mrtpo.step import trainer\n",
+                    "recipe/mrtpo/step/__init__.py": "", "recipe/mrtpo/step/trainer.py": "from recipe.mrtpo.core import maths\n",
+                    "recipe/mrtpo/helper.py": "", "recipe/mrtpo/attic/old.py": "from recipe.mrtpo.core import maths\n"}.items():
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(text)
+    graph, _ = build_graph(tmp_path)
+    found = room_breaches(graph, tmp_path)
+    assert "a loose module in recipe/mrtpo/: helper.py" in found, found
+    assert "an import up the floors: recipe.mrtpo.core.maths (core) -> recipe.mrtpo.step (step)" in found, found
+    assert any(v.startswith("a room not in ROOMS: attic") for v in found), found
+    assert not any("recipe.mrtpo.step.trainer (step) ->" in v for v in found), found  # downward: allowed
+
+
 def test_no_module_of_the_recipe_is_longer_than_the_limit(tmp_path):
-    assert oversized() == [], f"split these modules (at most {MAX_MODULE_LINES} lines each)"
+    too_long = oversized() + oversized(package="data_prep")
+    assert too_long == [], f"split these modules (at most {MAX_MODULE_LINES} lines each)"
     # the check finds one line too many
     (tmp_path / "recipe" / "pkg").mkdir(parents=True)
     (tmp_path / "recipe" / "pkg" / "ok.py").write_text("x = 1\n" * MAX_MODULE_LINES)

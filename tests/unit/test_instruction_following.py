@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recipe.mrtpo.cluster.verdict import NoVerdict
 from recipe.mrtpo.tasks import Context, RewardResult, get_task
 from recipe.mrtpo.tasks import instruction_following as IF
-from recipe.mrtpo.verdict import NoVerdict
 
 REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / ".assets"

@@ -53,7 +53,7 @@ def test_the_registry_imports_no_torch_or_verl():
     """Importing the registry in a fresh interpreter loads neither torch nor verl nor the OPSD glue."""
     code = ("import sys; import recipe.mrtpo.methods as m; m.resolve; "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('torch', 'verl', 'omegaconf') "
-            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.', 'recipe.mrtpo.methods.rlsd.', 'recipe.mrtpo.methods.actor_part')) or k in ('recipe.mrtpo.trainer', 'recipe.mrtpo.worker')]; "
+            "or k.startswith(('recipe.mrtpo.methods.opsd.', 'recipe.mrtpo.methods.sdpo.', 'recipe.mrtpo.methods.rlsd.', 'recipe.mrtpo.methods.actor_part')) or k in ('recipe.mrtpo.step.trainer', 'recipe.mrtpo.step.worker')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -1,4 +1,4 @@
-"""No verdict, never a silent 0 (``recipe/mrtpo/verdict.py``): a verifier that could not judge a response through
+"""No verdict, never a silent 0 (``recipe/mrtpo/cluster/verdict.py``): a verifier that could not judge a response through
 no fault of the response raises, and the reward table takes the row out (``RewardTable.rows_out``).
 
 - instruction following: NLTK data missing on the node (a real ``LookupError`` from NLTK, in a child interpreter
@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from recipe.mrtpo import node_files
-from recipe.mrtpo.reward_extras import ERROR_KEY, SCORES_KEY, read_reward_table
-from recipe.mrtpo.reward_manager import score_sample
+from recipe.mrtpo.cluster import node_files
+from recipe.mrtpo.cluster.verdict import NO_VERDICT_MARK, NoVerdict, is_no_verdict
+from recipe.mrtpo.rewards.reward_extras import ERROR_KEY, SCORES_KEY, read_reward_table
+from recipe.mrtpo.rewards.reward_manager import score_sample
 from recipe.mrtpo.tasks import if_isolation
 from recipe.mrtpo.tasks import instruction_following as IF
 from recipe.mrtpo.tasks import text_to_sql as SQL
 from recipe.mrtpo.tasks.sql_executor import environment_fault as sql_environment_fault
 from recipe.mrtpo.tasks.sql_sandbox import execute_sql
-from recipe.mrtpo.verdict import NO_VERDICT_MARK, NoVerdict, is_no_verdict
 
 REPO = Path(__file__).resolve().parents[2]
 GT_IF = {"instruction_id_list": ["length_constraints:number_sentences", "punctuation:no_comma"],

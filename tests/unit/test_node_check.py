@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from recipe.mrtpo import node_files
-from recipe.mrtpo.node_check import (
+from recipe.mrtpo.cluster import node_files
+from recipe.mrtpo.launch.node_check import (
     BFCL_AGENT,
     BFCL_CHECKER_MODULES,
     BFCL_HINT,
@@ -53,7 +53,7 @@ def test_a_node_whose_data_root_lacks_the_database_or_the_nltk_data_stops_the_ru
     try:
         ray.init(address=cluster.address)
         check_every_node(["db/a.sqlite"])  # one node, the database there: quiet
-        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.node_files", "module", "k"), *nltk])  # through Ray
+        check_every_node([NodeFile("db/a.sqlite"), NodeFile("recipe.mrtpo.cluster.node_files", "module", "k"), *nltk])  # through Ray
         monkeypatch.setenv(node_files.DATA_ROOT_ENV, str(bad))
         monkeypatch.setenv(node_files.NLTK_DATA_ENV, str(bad))
         second = cluster.add_node(num_cpus=1)
@@ -127,7 +127,7 @@ def test_run_files_names_rows_bfcl_modules_settings_and_a_local_model(tmp_path):
     assert kinds[BFCL_CHECKER_MODULES[0]][0] == "module" and BFCL_AGENT in kinds[BFCL_CHECKER_MODULES[0]][1]
     assert kinds[str(tools)] == ("as_given", "actor_rollout_ref.rollout.multi_turn.tool_config_path")
     assert kinds["recipe/mrtpo/config/bfcl_agent_loop.yaml"][0] == "as_given"
-    assert kinds["recipe.mrtpo.reward_manager"] == ("module", "reward.reward_manager.module.path")  # pkg://
+    assert kinds["recipe.mrtpo.rewards.reward_manager"] == ("module", "reward.reward_manager.module.path")  # pkg://
     assert kinds[str(tmp_path)] == ("as_given", "actor_rollout_ref.model.path")
     assert len(files) == len(set(files))
     hub = setting_files(_compose("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct"))
@@ -141,7 +141,7 @@ def test_missing_here_names_the_file_the_node_and_who_names_it(tmp_path, monkeyp
     sqlite3.connect(tmp_path / "db" / "a.sqlite").close()
     (tmp_path / "tools.yaml").write_text("tools: []\n")
     here = ["db/a.sqlite", NodeFile("tools.yaml", "as_given", "k.tool_config_path"),
-            NodeFile("recipe.mrtpo.node_files", "module", "k.module")]
+            NodeFile("recipe.mrtpo.cluster.node_files", "module", "k.module")]
     assert missing_here(here) is None
     gone = missing_here([*here, NodeFile("cfg/loop.yaml", "as_given", "actor_rollout_ref.rollout.agent.agent_loop_config_path")])
     assert gone is not None and gone.startswith(node_files.MISSING_MARK + node_files.node_name())
@@ -158,7 +158,7 @@ def test_the_node_checks_line_from_ray_is_a_launch_error_in_one_line():
     """The check raises in verl's task runner: the driver gets Ray's error and prints the line alone."""
     from ray.exceptions import RayTaskError
 
-    from recipe.mrtpo.launch_errors import is_launch_error, one_line
+    from recipe.mrtpo.launch.launch_errors import is_launch_error, one_line
 
     line = node_files.missing_line("/data/db/a.sqlite", "db/a.sqlite") + " [ray node 0123456789ab]"
     err = RayTaskError("run", "Traceback ...\n  many lines", FileNotFoundError(line)).as_instanceof_cause()
@@ -172,7 +172,7 @@ ASSETS = Path(__file__).resolve().parents[2] / ".assets"
 
 
 def test_if_data_sources_are_the_ones_the_if_verifier_registers():
-    from recipe.mrtpo.node_check import IF_DATA_SOURCES
+    from recipe.mrtpo.launch.node_check import IF_DATA_SOURCES
     from recipe.mrtpo.tasks import base
     from recipe.mrtpo.tasks import instruction_following as IF
 
@@ -180,7 +180,7 @@ def test_if_data_sources_are_the_ones_the_if_verifier_registers():
 
 
 def test_if_rows_need_the_nltk_data_under_the_asset_root(tmp_path, monkeypatch):
-    from recipe.mrtpo.node_check import asset_files
+    from recipe.mrtpo.launch.node_check import asset_files
 
     frame = pd.DataFrame({"data_source": ["ifeval/test", "chinook"], "reward_model": [{"ground_truth": "{}"}] * 2})
     data = tmp_path / "train.parquet"
@@ -210,8 +210,8 @@ def test_a_node_that_does_not_answer_is_named_and_an_unshared_checkpoint_folder_
     import ray
     from ray.exceptions import RayTaskError
 
-    from recipe.mrtpo import checkpoint_shards
-    from recipe.mrtpo.launch_errors import is_launch_error, one_line
+    from recipe.mrtpo.cluster import checkpoint_shards
+    from recipe.mrtpo.launch.launch_errors import is_launch_error, one_line
 
     ray.init(num_cpus=1, include_dashboard=False)
     try:
@@ -247,7 +247,7 @@ def test_a_node_that_does_not_answer_is_named_and_an_unshared_checkpoint_folder_
 def test_a_checkpoint_folder_the_task_runner_cannot_write_stops_the_run_in_one_line(tmp_path):
     from types import SimpleNamespace
 
-    from recipe.mrtpo.node_check import check_run
+    from recipe.mrtpo.launch.node_check import check_run
 
     (tmp_path / "a_file").write_text("")
     cfg = SimpleNamespace(trainer=SimpleNamespace(save_freq=50, resume_mode="auto",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from recipe.mrtpo import node_files
-from recipe.mrtpo.reward_manager import score_sample
+from recipe.mrtpo.cluster import node_files
+from recipe.mrtpo.rewards.reward_manager import score_sample
 
 GOLD = "SELECT name FROM t ORDER BY name"
 RESPONSE = "```sql\nSELECT name FROM t ORDER BY name\n```"

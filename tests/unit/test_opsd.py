@@ -25,8 +25,8 @@ from recipe.mrtpo.methods.opsd.teacher import (
     topk_mass,
     topk_overlap,
 )
-from recipe.mrtpo.pass_driver import PassRequest
-from recipe.mrtpo.reward_extras import RewardTable
+from recipe.mrtpo.passes.pass_driver import PassRequest
+from recipe.mrtpo.rewards.reward_extras import RewardTable
 
 MSGS = [{"role": "user", "content": "List the three longest tracks. Answer with one SQL query."}]
 CTX_APPENDED = {"execution_match": {"text": "SELECT Name FROM Track ORDER BY Milliseconds DESC LIMIT 3", "placement": "appended"},
@@ -257,7 +257,7 @@ def test_teacher_prompts_render_each_row_as_the_rollout_did(tiny):
 
 
 def test_run_opsd_teacher_pads_to_dp_and_writes_verls_fields(tiny):
-    from recipe.mrtpo.worker import opsd_teacher_rows
+    from recipe.mrtpo.step.worker import opsd_teacher_rows
 
     tok, model = tiny
     render = render_fn(tok)

@@ -133,7 +133,7 @@ def test_teacher_is_the_same_in_every_layout_with_gaps(tiny_lm):
 
 
 def test_balanced_order_splits_tokens_evenly_over_ranks():
-    from recipe.mrtpo.pass_driver import balanced_order
+    from recipe.mrtpo.passes.pass_driver import balanced_order
 
     tokens = [900, 10, 800, 20, 30, 700, 0, 0]
     order = balanced_order(tokens, 2)
@@ -169,10 +169,10 @@ def test_fused_old_log_probs_and_entropy_equal_verls_on_every_sample(tiny_lm):
 
     from recipe.mrtpo.config import mrtpo_config
     from recipe.mrtpo.core.passes import PassSettings as PS
-    from recipe.mrtpo.pass_driver import PassRequest
-    from recipe.mrtpo.replay_driver import run_replay
-    from recipe.mrtpo.reward_extras import RewardTable
-    from recipe.mrtpo.worker import REPLAY_SETTINGS, replay_rows
+    from recipe.mrtpo.passes.pass_driver import PassRequest
+    from recipe.mrtpo.rewards.reward_extras import RewardTable
+    from recipe.mrtpo.step.replay_driver import run_replay
+    from recipe.mrtpo.step.worker import REPLAY_SETTINGS, replay_rows
 
     words = {}
 

@@ -19,10 +19,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 
-from data_prep import instruction_following as IFB  # noqa: E402
-from data_prep import text_to_sql as SQLB  # noqa: E402
-from data_prep import tool_calling as TOOLB  # noqa: E402
 from data_prep.common import read_parquet_rows, sha256_file  # noqa: E402
+from data_prep.instruction_following import build as IFB  # noqa: E402
+from data_prep.text_to_sql import build as SQLB  # noqa: E402
+from data_prep.tool_calling import build as TOOLB  # noqa: E402
 from recipe.mrtpo.tasks import get_task  # noqa: E402
 from recipe.mrtpo.tasks import toolrl as TR  # noqa: E402
 

@@ -29,7 +29,7 @@ def test_smollm2_trains_a_pretrained_model_gently_on_constraints_with_a_span():
     tiny, smol = qs.MODELS["tiny"], qs.MODELS["smollm2"]
     assert smol["lr"] <= 1e-5 < tiny["lr"]  # the tiny model's 1e-3 would wreck pretrained weights in 3 steps
     assert {"startend:end_checker", "detectable_format:title"} <= set(smol["constraints"].split(","))
-    from data_prep.instruction_following import constraint_pool
+    from data_prep.instruction_following.compat import constraint_pool
 
     constraint_pool(smol["constraints"])  # composable ids the builder accepts
 

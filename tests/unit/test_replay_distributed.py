@@ -100,7 +100,7 @@ def _shared(model, rows, sync, share=True):
     registers it), 6 sequences a forward."""
     from recipe.mrtpo.core.passes import PassSettings
     from recipe.mrtpo.core.replay import hf_forward, replay_relevance
-    from recipe.mrtpo.tree_attention import register_tree_attention
+    from recipe.mrtpo.passes.tree_attention import register_tree_attention
 
     register_tree_attention()
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from recipe.mrtpo.core.replay_plan import build_replay_plan, pad_rows, q_mass_top_share
-from recipe.mrtpo.reward_extras import fill_errored_samples, reward_extras
+from recipe.mrtpo.rewards.reward_extras import fill_errored_samples, reward_extras
 
 NAN = float("nan")
 
@@ -104,9 +104,9 @@ def test_reward_extras_reads_transferqueue_layout():
 def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
     """The workers answer one half-precision row per variant; the driver returns [B, K, T] fp32 (§5)."""
     from recipe.mrtpo.config import mrtpo_config
-    from recipe.mrtpo.pass_driver import PassRequest
-    from recipe.mrtpo.replay_driver import run_replay
-    from recipe.mrtpo.reward_extras import RewardTable
+    from recipe.mrtpo.passes.pass_driver import PassRequest
+    from recipe.mrtpo.rewards.reward_extras import RewardTable
+    from recipe.mrtpo.step.replay_driver import run_replay
 
     msgs = [{"role": "user", "content": "Say hi. No commas. All lowercase."}]
     ctx = {"a": {"text": "No commas.", "placement": "prompt"}, "b": {"text": "All lowercase.", "placement": "prompt"}}
@@ -135,7 +135,7 @@ def test_run_replay_maps_compact_rows_to_rewards_on_the_driver():
     assert torch.equal(res.relevance[:2], expect) and (res.relevance[2:] == 0).all()
     assert res.metrics["mrtpo/replay_forwards_max"] == 3 and res.metrics["mrtpo/replay_forwards_min"] == 3
     assert res.metrics["mrtpo/replay_padding_forwards"] == 0
-    from recipe.mrtpo.pass_driver import pass_metrics
+    from recipe.mrtpo.passes.pass_driver import pass_metrics
 
     m = pass_metrics(torch.tensor([[3, 3], [3, 3], [1, 3], [1, 3]]), 2, "mrtpo/replay")
     assert m == {"mrtpo/replay_forwards_max": 3, "mrtpo/replay_forwards_min": 1, "mrtpo/replay_padding_forwards": 2}
@@ -148,9 +148,9 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
     """Tool-calling-like rows: the only Z is appended, so P_minus_k (no verifier block) is the rollout prompt;
     the driver asks the workers for that variant's log-probs and marks the row for the consistency check."""
     from recipe.mrtpo.config import mrtpo_config
-    from recipe.mrtpo.pass_driver import PassRequest
-    from recipe.mrtpo.replay_driver import run_replay
-    from recipe.mrtpo.reward_extras import RewardTable
+    from recipe.mrtpo.passes.pass_driver import PassRequest
+    from recipe.mrtpo.rewards.reward_extras import RewardTable
+    from recipe.mrtpo.step.replay_driver import run_replay
 
     msgs = [{"role": "user", "content": "Call the tool."}]
     ctx = {"correctness": {"text": "f(x=1)", "placement": "appended"}, "format": {"text": "Call the tool.", "placement": "prompt"}}
@@ -172,7 +172,7 @@ def test_run_replay_asks_for_the_rollout_prompt_variants_logprobs():
     assert m["mrtpo/consistency/rows"] == 2 and m["mrtpo/consistency/max_abs_logprob_diff"] == 0.0
     assert m["mrtpo/consistency/tokens"] == 2 * T and m["mrtpo/consistency/p99_abs_logprob_diff"] == 0.0
     # a long tail: one token off by 1 among many, the max sees it, the mean and p99 hardly
-    from recipe.mrtpo.replay_driver import ReplayResult
+    from recipe.mrtpo.step.replay_driver import ReplayResult
 
     tail = ReplayResult(relevance=torch.zeros(1, 1, 200), replayed=torch.ones(1, 1, dtype=torch.bool), rows=[0],
                         replay_logprobs=torch.zeros(1, 200), logprobs_are_rollout_prompt=[True])

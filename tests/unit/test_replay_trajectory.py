@@ -78,11 +78,11 @@ def test_q_is_zero_on_tool_and_user_spans_and_direct_on_model_tokens(tok, tiny_l
     from recipe.mrtpo.core.advantage import compute_mrtpo_advantage_with_stats
     from recipe.mrtpo.core.render_cache import CachedRender
     from recipe.mrtpo.core.replay import hf_forward
-    from recipe.mrtpo.pass_driver import PassRequest
-    from recipe.mrtpo.replay_driver import run_replay
-    from recipe.mrtpo.reward_extras import RewardTable
-    from recipe.mrtpo.rollout_render import RolloutRender
-    from recipe.mrtpo.worker import RELEVANCE_DTYPE, REPLAY_SETTINGS, replay_rows
+    from recipe.mrtpo.passes.pass_driver import PassRequest
+    from recipe.mrtpo.rewards.reward_extras import RewardTable
+    from recipe.mrtpo.rollout.rollout_render import RolloutRender
+    from recipe.mrtpo.step.replay_driver import run_replay
+    from recipe.mrtpo.step.worker import RELEVANCE_DTYPE, REPLAY_SETTINGS, replay_rows
 
     out, raw_prompt, extra_info, contexts = trajectory
     T = len(out.response_ids)

@@ -17,7 +17,7 @@ from verl.utils import tensordict_utils as tu
 
 from recipe.mrtpo.config import mrtpo_config
 from recipe.mrtpo.methods.rlsd import LOSS_SETTINGS_KEY, RLSD
-from recipe.mrtpo.worker import MRTPOActorRolloutRefWorker
+from recipe.mrtpo.step.worker import MRTPOActorRolloutRefWorker
 
 
 def small_module(seed=0):

@@ -1,5 +1,5 @@
 """P_all is the rollout prompt for tool datasets: the replay renders each row with the tools and chat-template
-arguments verl's rollout rendered it with (``recipe/mrtpo/rollout_render.py``).
+arguments verl's rollout rendered it with (``recipe/mrtpo/rollout/rollout_render.py``).
 
 The rollout side is verl 0.9.1's own Continuous Token builder (what its agent loops call for the initial
 prompt), over a task-vocabulary tokenizer whose chat template (written here) renders ``tools`` into a system
@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recipe.mrtpo.rollout_render import RolloutRender
+from recipe.mrtpo.rollout.rollout_render import RolloutRender
 
 TOOLS_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
@@ -77,7 +77,7 @@ def test_tools_of_a_row_are_the_tool_agent_loops():
 
 def test_p_all_is_the_rollout_prompt_in_both_renders_of_a_tool_dataset(tok):
     from recipe.mrtpo.core.replay_plan import build_replay_plan
-    from recipe.mrtpo.trainer import MRTPOTrainer
+    from recipe.mrtpo.step.trainer import MRTPOTrainer
 
     rr = RolloutRender(config(), tool_schemas=SCHEMAS)
     rows = [("tool_agent", None), ("tool_agent", {"tool_selection": ["add"]}), ("single_turn_agent", None), (None, {})]

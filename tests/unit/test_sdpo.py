@@ -25,7 +25,7 @@ from recipe.mrtpo.methods.sdpo.loss import (
     sdpo_loss,
     sdpo_topk_outputs,
 )
-from recipe.mrtpo.worker import SDPO_TEACHER_DIR, MRTPOActorRolloutRefWorker
+from recipe.mrtpo.step.worker import SDPO_TEACHER_DIR, MRTPOActorRolloutRefWorker
 
 nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
 

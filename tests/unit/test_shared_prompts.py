@@ -7,7 +7,7 @@ from recipe.mrtpo.core.passes import PassSettings, hf_forward, row_sequences
 from recipe.mrtpo.core.replay import replay_relevance
 from recipe.mrtpo.core.shared_prompts import plan_shared_forwards, shared_forward_inputs
 from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
-from recipe.mrtpo.tree_attention import register_tree_attention
+from recipe.mrtpo.passes.tree_attention import register_tree_attention
 
 register_tree_attention()  # the worker's and the benchmarks' call: the shared forwards' attention
 

@@ -124,7 +124,7 @@ def test_reordered_keeps_transferqueues_batch_shape():
 
     from transfer_queue.metadata import KVBatchMeta
 
-    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.seams import verl_seam
 
     assert {"keys", "tags", "partition_id", "extra_info"} <= {f.name for f in dataclasses.fields(KVBatchMeta)}
     b = KVBatchMeta(keys=["a", "b", "c"], tags=[{"i": 0}, {"i": 1}, {"i": 2}], partition_id="train", extra_info={"x": 1})
@@ -234,7 +234,7 @@ def test_the_floor_moves_most_rows_to_another_micro_batch_through_verls_dispatch
     nearly every row other companions, hence another micro-batch shape."""
     import numpy as np
 
-    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.seams import verl_seam
 
     g = np.random.default_rng(B + dp)
     lengths = np.clip(g.lognormal(7.2, 0.6, B).astype(int), 50, budget // 2).tolist()
@@ -254,7 +254,7 @@ def test_the_floor_moves_most_rows_to_another_micro_batch_through_verls_dispatch
 
 
 def test_the_floor_keeps_verls_settings_without_a_dynamic_batch_size():
-    from recipe.mrtpo import verl_seam
+    from recipe.mrtpo.seams import verl_seam
 
     fixed = OmegaConf.create({"actor_rollout_ref": {"rollout": {"log_prob_use_dynamic_bsz": False,
                                                                 "log_prob_max_token_len_per_gpu": 4096}}})

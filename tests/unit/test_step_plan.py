@@ -1,4 +1,4 @@
-"""The trainer's per-step decision (``recipe.mrtpo.step_plan``): replay, fused old_log_prob, standing check,
+"""The trainer's per-step decision (``recipe.mrtpo.step.step_plan``): replay, fused old_log_prob, standing check,
 teacher pass, as one table over the method's entry, its schedule, the config and the step counter."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from recipe.mrtpo import methods
 from recipe.mrtpo.config import mrtpo_config
 from recipe.mrtpo.methods.types import GlueRef, Method, ReplayPass
-from recipe.mrtpo.step_plan import StepPlan, bypass_mode, plan_step
+from recipe.mrtpo.step.step_plan import StepPlan, bypass_mode, plan_step
 
 
 def method(replay=True, on_reference=False, strength=0.5, teacher=False) -> Method:

@@ -1,10 +1,10 @@
-"""The shared forwards' attention as transformers takes it (``recipe/mrtpo/tree_attention.py``)."""
+"""The shared forwards' attention as transformers takes it (``recipe/mrtpo/passes/tree_attention.py``)."""
 
 import pytest
 import torch
 
 from recipe.mrtpo.core.tree_mask import TREE_ATTENTION, TreeMask, tree_flex_attention
-from recipe.mrtpo.tree_attention import check_transformers_sources, register_tree_attention
+from recipe.mrtpo.passes.tree_attention import check_transformers_sources, register_tree_attention
 
 
 def test_transformers_functions_the_shared_forwards_rely_on_are_as_pinned():

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from recipe.mrtpo.core.passes import PassSettings
 from recipe.mrtpo.core.replay import hf_forward
 from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
-from recipe.mrtpo.worker import REPLAY_SETTINGS, MRTPOActorRolloutRefWorker, opsd_teacher_rows, replay_rows
+from recipe.mrtpo.step.worker import REPLAY_SETTINGS, MRTPOActorRolloutRefWorker, opsd_teacher_rows, replay_rows
 
 SETTINGS = {
     "temperature": 0.9,
@@ -112,7 +112,7 @@ def test_the_worker_passes_equal_the_row_functions_in_eval_mode_without_grad(tin
 def test_the_worker_runs_each_forward_under_the_engines_autocast_and_rounds_as_verl(tiny_lm, monkeypatch):
     import verl.utils.device
 
-    from recipe.mrtpo.worker import engine_autocast, verl_numerics
+    from recipe.mrtpo.step.worker import engine_autocast, verl_numerics
 
     monkeypatch.setattr(verl.utils.device, "get_device_name", lambda: "cpu")
     replay, _ = rows()
@@ -150,7 +150,7 @@ def test_the_worker_refuses_missing_settings_and_sequence_parallel(tiny_lm):
 def test_the_pass_device_is_verls_and_cpu_without_an_accelerator(monkeypatch):
     import verl.utils.device as device
 
-    from recipe.mrtpo.worker import attn_implementation, pass_device
+    from recipe.mrtpo.step.worker import attn_implementation, pass_device
 
     monkeypatch.setattr(device, "get_device_name", lambda: "cpu")
     assert pass_device() == torch.device("cpu")
@@ -189,7 +189,7 @@ def test_the_reference_replay_runs_through_the_reference_engine_only(tiny_lm):
 
 
 def test_the_worker_refuses_a_vision_language_module_itself():
-    from recipe.mrtpo.worker import check_pass_model
+    from recipe.mrtpo.step.worker import check_pass_model
 
     vlm = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_vl", vision_config=SimpleNamespace()))
     with pytest.raises(ValueError, match="vision-language"):

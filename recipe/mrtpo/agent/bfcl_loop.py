@@ -289,7 +289,7 @@ class BFCLMultiTurnAgentLoop(AgentLoopBase):
             raise _Stop("response_length")
         max_tokens = min(budget, self.loop_config.max_step_tokens or budget)
         params = {**sampling_params, "max_tokens": max_tokens}
-        if params.get("seed") is not None:  # a seeded request (recipe.mrtpo.rollout_seed): a stream per generation
+        if params.get("seed") is not None:  # a seeded request (recipe.mrtpo.rollout.rollout_seed): a stream per generation
             params["seed"] = generation_seed(int(params["seed"]), st.steps)
         with simple_timer("generate_sequences", metrics):
             out = await self.server_manager.generate(request_id=request_id, prompt_ids=st.ids, sampling_params=params)

@@ -1,5 +1,5 @@
 """The pins of the BFCL agent loop: the verl 0.9.1 pieces :mod:`.bfcl_loop` builds on and the bfcl-eval functions
-:mod:`.bfcl_env` restates, by name -> sha256 of the dedented source (:mod:`recipe.mrtpo.source_pins`).
+:mod:`.bfcl_env` restates, by name -> sha256 of the dedented source (:mod:`recipe.mrtpo.seams.source_pins`).
 
 Guarded by ``tests/integration/test_verl_seam.py`` (:func:`check_agent_loop_sources`) and
 ``tests/unit/test_bfcl_loop.py`` (:func:`check_bfcl_sources`). Standard library only: importing it imports
@@ -8,7 +8,7 @@ neither verl nor bfcl-eval.
 
 from __future__ import annotations
 
-from recipe.mrtpo.source_pins import changed_sources
+from recipe.mrtpo.seams.source_pins import changed_sources
 
 #: verl 0.9.1 pieces the BFCL agent loop (``recipe.mrtpo.agent.bfcl_loop``) builds on or restates, by
 #: ``module:qualname`` -> sha256 of the dedented source: the registry it registers with; the keyword arguments
@@ -33,7 +33,7 @@ def check_agent_loop_sources() -> list[str]:
 
 #: the bfcl-eval 2026.3.23 functions the BFCL agent loop's environment (``recipe.mrtpo.agent.bfcl_env``)
 #: restates or follows, ``file:qualname`` (relative to the package) -> sha256 of the dedented source, read with
-#: ``ast`` (:func:`recipe.mrtpo.source_pins.named_source` with ``package="bfcl_eval"``); :func:`check_bfcl_sources` lists those that
+#: ``ast`` (:func:`recipe.mrtpo.seams.source_pins.named_source` with ``package="bfcl_eval"``); :func:`check_bfcl_sources` lists those that
 #: differ (tests/unit/test_bfcl_loop.py)
 BFCL_SOURCES = {
     # the protocol: steps until an empty decode, held-out functions at their turn, MAXIMUM_STEP_LIMIT

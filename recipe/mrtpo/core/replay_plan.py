@@ -80,7 +80,7 @@ def build_replay_plan(
         rollout_prompts: per sample its rollout prompt ids: ``plan.rollout_variant`` then says, per row,
             which variant they are (:func:`rollout_prompt_variant`).
         row_render: sample index -> its render, where samples were rendered differently (the tools the
-            rollout rendered each with: ``recipe.mrtpo.rollout_render``); ``render`` for all when None.
+            rollout rendered each with: ``recipe.mrtpo.rollout.rollout_render``); ``render`` for all when None.
     """
     B, K = scores.shape
     variance = group_has_variance(scores, index)

@@ -4,7 +4,7 @@ verl 0.9.1 seeds vLLM's requests only under ``rollout.full_determinism``, and th
 replica the same seed (``vllm_async_server.py``: ``replica_rank + seed``), so the samples of one group
 would be identical; otherwise a request draws from the engine's global generator in the order the scheduler
 happens to batch it, and two runs with the same seed sample differently. The recipe's agent-loop manager
-(:mod:`recipe.mrtpo.rollout_seed`) gives each request its own seed instead, from what identifies the
+(:mod:`recipe.mrtpo.rollout.rollout_seed`) gives each request its own seed instead, from what identifies the
 request in a run and nothing that varies between runs (no uid, no request id, no arrival order).
 
 Pure standard library: hashed with SHA-256, never Python's ``hash()`` (salted per process by PYTHONHASHSEED).

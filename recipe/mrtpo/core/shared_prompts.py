@@ -93,7 +93,7 @@ def hf_forward(module):
     A 4D mask goes in as the module's attention takes it (:func:`mask_as_taken`); a
     shared forward's :class:`~recipe.mrtpo.core.tree_mask.TreeMask` as its BlockMask, the module switched to
     :data:`~recipe.mrtpo.core.tree_mask.TREE_ATTENTION` for that forward only (registered with transformers by
-    ``recipe.mrtpo.tree_attention.register_tree_attention``).
+    ``recipe.mrtpo.passes.tree_attention.register_tree_attention``).
     """
 
     def fwd(input_ids, attention_mask, position_ids, keep):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 #: the attention implementation name a shared forward runs under (registered with transformers by the glue,
-#: ``recipe.mrtpo.tree_attention.register_tree_attention``)
+#: ``recipe.mrtpo.passes.tree_attention.register_tree_attention``)
 TREE_ATTENTION = "mrtpo_tree_flex"
 #: the tile of the block-sparse kernel (FlexAttention's default) and of the counts
 BLOCK = 128

@@ -1,4 +1,4 @@
-"""A method's part on the actor's workers: the one interface ``recipe.mrtpo.worker`` dispatches to.
+"""A method's part on the actor's workers: the one interface ``recipe.mrtpo.step.worker`` dispatches to.
 
 A method whose actor update differs from verl's (OPSD's and gdpo-distill's losses, SDPO's loss and EMA teacher,
 RLSD's teacher sync) names its part in its registry entry (``Method.actor_part``, an
@@ -73,14 +73,14 @@ def rank_file() -> str:
 def reshard(module) -> None:
     """FSDP2's reshard of ``module`` (its unsharded copies dropped: the local shards are what a forward gathers next);
     nothing for a module verl did not wrap."""
-    from recipe.mrtpo.verl_seam import fsdp_reshard
+    from recipe.mrtpo.seams.verl_seam import fsdp_reshard
 
     fsdp_reshard(module)
 
 
 def check_grad_norm_sources() -> list[str]:
     """The :data:`GRAD_NORM_SOURCES` whose installed source is not the pinned one (empty: all as in verl 0.9.1)."""
-    from recipe.mrtpo.source_pins import changed_sources
+    from recipe.mrtpo.seams.source_pins import changed_sources
 
     return changed_sources(GRAD_NORM_SOURCES)
 

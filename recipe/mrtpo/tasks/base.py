@@ -25,7 +25,7 @@ the row's ``data_source``. A new task is one function and one line::
 A verifier that cannot judge a response through no fault of the response (an asset of its node missing or
 unreadable, a database it cannot open, a gold query that fails) raises :class:`NoVerdict` (or, for a file missing
 on its node, the one line of ``node_files.missing_line``): the row then leaves the step (no score, no advantage, no
-loss tokens; ``reward_extras``), counted, never a reward of 0 (``recipe.mrtpo.verdict``). An error caused by the response's own content keeps
+loss tokens; ``reward_extras``), counted, never a reward of 0 (``recipe.mrtpo.cluster.verdict``). An error caused by the response's own content keeps
 its task's rule (a reward of 0, or the checker's error counted).
 """
 
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from recipe.mrtpo.verdict import NO_VERDICT_MARK, NoVerdict, is_no_verdict  # noqa: F401 - the contract's exception
+from recipe.mrtpo.cluster.verdict import NO_VERDICT_MARK, NoVerdict, is_no_verdict  # noqa: F401 - the contract's exception
 
 Placement = Literal["prompt", "appended"]
 PLACEMENTS = ("prompt", "appended")

@@ -3,7 +3,7 @@ seeded checker construction, and constraint drawing for data builders.
 
 Part of the instruction-following verifier (:mod:`recipe.mrtpo.tasks.instruction_following`, whose
 docstring describes the rewards). Offline set-up done at import: NLTK finds its data under the asset
-root's rule (:func:`recipe.mrtpo.node_files.nltk_data_dir`: ``$MRTPO_NLTK_DATA``, else ``$MRTPO_ASSETS/nltk_data``,
+root's rule (:func:`recipe.mrtpo.cluster.node_files.nltk_data_dir`: ``$MRTPO_NLTK_DATA``, else ``$MRTPO_ASSETS/nltk_data``,
 else ``<repo>/.assets/nltk_data``; punkt_tab, stopwords, provisioned by ``run_scripts/setup.sh``; the node check
 looks for the same resources on every node before the first step), ``nltk.download`` is never called (IFBench's module calls it at import: it
 is disabled for that import), and ``langdetect`` is seeded so that language rewards are deterministic.
@@ -23,7 +23,7 @@ from typing import Any
 
 import nltk
 
-from recipe.mrtpo.node_files import NLTK_DATA_ENV, nltk_data_dir  # noqa: F401 - NLTK_DATA_ENV re-exported
+from recipe.mrtpo.cluster.node_files import NLTK_DATA_ENV, nltk_data_dir  # noqa: F401 - NLTK_DATA_ENV re-exported
 from recipe.mrtpo.tasks.base import to_plain
 
 _REPO = Path(__file__).resolve().parents[3]

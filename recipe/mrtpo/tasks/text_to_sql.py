@@ -74,7 +74,7 @@ from typing import Any, Optional
 import sqlglot
 from sqlglot import exp
 
-from recipe.mrtpo.node_files import is_missing_file, missing_line, resolve
+from recipe.mrtpo.cluster.node_files import is_missing_file, missing_line, resolve
 from recipe.mrtpo.tasks.base import Context, NoVerdict, RewardResult, as_text, register_task
 from recipe.mrtpo.tasks.sql_compare import (
     DEFAULT_SQL_MODE,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from recipe.mrtpo.checkpoint_shards import missing_shards_line
+from recipe.mrtpo.cluster.checkpoint_shards import missing_shards_line
 
 __all__ = ["ExportError", "Checkpoint", "find_checkpoint", "export_checkpoint", "main"]
 

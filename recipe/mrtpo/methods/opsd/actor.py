@@ -18,7 +18,7 @@ from recipe.mrtpo.methods.actor_part import ActorPart
 from recipe.mrtpo.methods.opsd.driver import TEACHER_SETTINGS
 from recipe.mrtpo.methods.opsd.loss import opsd_loss_fn, settings_key, uses_topk_logits
 from recipe.mrtpo.methods.opsd.teacher import teacher_topk_rows
-from recipe.mrtpo.pass_wire import pass_counts, sync_max, wire_settings
+from recipe.mrtpo.passes.pass_wire import pass_counts, sync_max, wire_settings
 
 
 def opsd_teacher_rows(forward, data: TensorDict, device, sync=sync_max, attn: str = "", **model) -> TensorDict:

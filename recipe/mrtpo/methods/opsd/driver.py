@@ -27,7 +27,7 @@ from recipe.mrtpo.core.replay_plan import p_all_prompts
 from recipe.mrtpo.methods.opsd import JSD_UNREAD
 from recipe.mrtpo.methods.opsd.teacher import sequence_teacher_fields, topk_mass
 from recipe.mrtpo.methods.types import ROWS_PRIVILEGED
-from recipe.mrtpo.pass_driver import PassRequest, pass_metrics
+from recipe.mrtpo.passes.pass_driver import PassRequest, pass_metrics
 
 # dispatch(inputs: {"prompt_ids" [R', P], "prompt_lens" [R'], "responses" [R', T], "response_mask" [R', T]}, settings)
 #   -> {"teacher_topk_logprobs" [R', T, k], "teacher_topk_ids" [R', T, k], "teacher_token_logprobs" [R', T],

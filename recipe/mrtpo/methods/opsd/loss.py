@@ -1,6 +1,6 @@
 """The actor's loss for the self-teachers OPSD and gdpo-distill (docs/opsd.md), on verl 0.9.1's distillation path.
 
-The worker's ``update_actor`` (``recipe.mrtpo.worker``) installs the function :func:`opsd_loss_fn` returns in
+The worker's ``update_actor`` (``recipe.mrtpo.step.worker``) installs the function :func:`opsd_loss_fn` returns in
 place of ``ppo_loss`` when the batch carries the settings (``driver.distillation_loss_settings``), exactly as
 verl's ``init_model`` binds its loss when distillation is enabled, and sets ``distillation_use_topk`` (the flag
 verl's ``_update_actor`` derives from ``distillation.enabled``; the FSDP engine then calls the loss twice per

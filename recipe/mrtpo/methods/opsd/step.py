@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from recipe.mrtpo import verl_seam
 from recipe.mrtpo.methods.opsd.driver import (
     LOSS_SETTINGS_KEY,
     distillation_loss_settings,
@@ -27,7 +26,8 @@ from recipe.mrtpo.methods.opsd.driver import (
     uses_topk,
 )
 from recipe.mrtpo.methods.types import StepContext
-from recipe.mrtpo.pass_driver import PassRequest, dispatch_rows, token_budget
+from recipe.mrtpo.passes.pass_driver import PassRequest, dispatch_rows, token_budget
+from recipe.mrtpo.seams import verl_seam
 
 #: what the teacher pass reads of the batch (the step's own fetch, ``StepContext.fields``, brings the first three)
 FIELDS = ["raw_prompt", "prompts", "extra_fields", "responses", "old_log_probs"]

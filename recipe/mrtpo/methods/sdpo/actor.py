@@ -27,7 +27,7 @@ from recipe.mrtpo.methods.opsd.loss import settings_key
 from recipe.mrtpo.methods.sdpo.ema import EMATeacher
 from recipe.mrtpo.methods.sdpo.loss import batch_settings, sdpo_loss_fn
 from recipe.mrtpo.methods.sdpo.teacher import sdpo_teacher_rows
-from recipe.mrtpo.pass_wire import pass_counts, sync_max, wire_settings
+from recipe.mrtpo.passes.pass_wire import pass_counts, sync_max, wire_settings
 
 #: the folder of SDPO's EMA teacher in the actor's checkpoint (one file per rank, as verl's model shards)
 TEACHER_DIR = "sdpo_ema_teacher"

@@ -1,12 +1,12 @@
 """The verl code SDPO relies on (its loss, its EMA teacher, the teacher's checkpoint), pinned by name -> sha256 of the
-dedented source (:mod:`recipe.mrtpo.source_pins`); guarded by ``tests/integration/test_verl_seam.py``.
+dedented source (:mod:`recipe.mrtpo.seams.source_pins`); guarded by ``tests/integration/test_verl_seam.py``.
 
 Standard library only (no verl import until :func:`check_sdpo_sources` reads the sources).
 """
 
 from __future__ import annotations
 
-from recipe.mrtpo.source_pins import changed_sources
+from recipe.mrtpo.seams.source_pins import changed_sources
 
 #: verl 0.9.1 code SDPO's loss and EMA teacher rely on, by ``module:qualname`` -> sha256 of the dedented source:
 #: - the distillation-loss registry (``register_distillation_loss``) and ``distillation_ppo_loss`` /

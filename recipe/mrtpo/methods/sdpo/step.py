@@ -10,11 +10,11 @@ batch's ``extra_info`` (the worker hands them to ``actor.SDPOActorPart``: SDPO's
 
 from __future__ import annotations
 
-from recipe.mrtpo import verl_seam
 from recipe.mrtpo.methods.opsd.driver import teacher_fields
 from recipe.mrtpo.methods.opsd.step import teacher_pass
 from recipe.mrtpo.methods.sdpo import LOSS_SETTINGS_KEY
 from recipe.mrtpo.methods.types import StepContext
+from recipe.mrtpo.seams import verl_seam
 
 #: the metrics' prefix of SDPO's pass
 PREFIX = "mrtpo/sdpo"

@@ -17,7 +17,7 @@ disagreements. Exit status 0 (it is a measurement, not a test).
 
 ``python -m recipe.mrtpo.tools.eval.agreement sql --test-suite-dir DIR [--questions FILE --db FILE]``
 
-For every Chinook question (``data_prep/chinook_questions.jsonl`` on ``data/chinook/chinook.sqlite`` by
+For every Chinook question (``data_prep/data/chinook_questions.jsonl`` on ``data/chinook/chinook.sqlite`` by
 default, the database ``python -m data_prep.chinook_db`` builds)
 it writes the gold query and perturbations of it (:func:`sql_cases`: DISTINCT added or removed, in
 ``count`` too, ORDER BY removed or reversed, columns reversed, the rows doubled with ``UNION ALL``,
@@ -121,7 +121,7 @@ def bfcl_cases(calls: list[dict], tools: list[dict]) -> Iterator[tuple[str, list
 REPO = Path(__file__).resolve().parents[4]
 #: the built BFCL splits, the Chinook questions and database the commands read by default
 BFCL_PARQUETS = (REPO / "data" / "bfcl" / "train.parquet", REPO / "data" / "bfcl" / "test.parquet")
-CHINOOK_QUESTIONS = REPO / "data_prep" / "chinook_questions.jsonl"
+CHINOOK_QUESTIONS = REPO / "data_prep" / "data" / "chinook_questions.jsonl"
 CHINOOK_DB = REPO / "data" / "chinook" / "chinook.sqlite"
 
 

@@ -57,7 +57,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from recipe.mrtpo.node_files import DATA_ROOT_ENV, resolve
+from recipe.mrtpo.cluster.node_files import DATA_ROOT_ENV, resolve
 
 __all__ = ["TASK_FAMILY", "FAMILY_DATA_SOURCES", "family_of", "score_response", "validate_ground_truth", "aggregate"]
 

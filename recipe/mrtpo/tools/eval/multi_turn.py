@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
-from recipe.mrtpo.dump import SPANS_KEY  # the loop's spans, as the trainer's dumps read them
+from recipe.mrtpo.step.dump import SPANS_KEY  # the loop's spans, as the trainer's dumps read them
 from recipe.mrtpo.tools.eval.generation import Generation
 from recipe.mrtpo.tools.eval.items import EvalError, Item
 

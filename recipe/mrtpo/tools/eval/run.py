@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipe.mrtpo.launch_errors import looks_local
+from recipe.mrtpo.launch.launch_errors import looks_local
 from recipe.mrtpo.tools.eval.generation import Generation, choose_backend, make_generator
 from recipe.mrtpo.tools.eval.items import BUILD_HINT, DEFAULT_DATA, EvalError, Item, load_items
 from recipe.mrtpo.tools.eval.metrics import TASK_FAMILY, aggregate, score_response

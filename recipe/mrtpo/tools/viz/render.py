@@ -3,7 +3,7 @@
     python -m recipe.mrtpo.tools.viz DUMP [--out FILE.html] [--step N] [--max-samples M] [--only-replayed]
                                     [--rho R|none] [--tokens auto|bytelevel|text]
 
-DUMP is a ``step_XXXXXX.pt`` written by the trainer (``mrtpo.dump``; the schema: :mod:`recipe.mrtpo.dump`)
+DUMP is a ``step_XXXXXX.pt`` written by the trainer (``mrtpo.dump``; the schema: :mod:`recipe.mrtpo.step.dump`)
 or a folder of them (the latest step is shown, or ``--step N``). The page has one block per sampled
 response: its uid and per-reward scores, then one row per reward (name, its verifier information Z_k,
 score, replayed yes/no) in which every response token is shaded by the replay relevance q_{k,t}
@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 from recipe.mrtpo.core.advantage import QBAR_FLOOR
-from recipe.mrtpo.dump import DumpError, load_dump
+from recipe.mrtpo.step.dump import DumpError, load_dump
 from recipe.mrtpo.tools.viz.tokens import sanitize_text
 from recipe.mrtpo.tools.viz.view import TOKEN_MODES, DumpView, normalise_dump, row_weights, select_samples
 

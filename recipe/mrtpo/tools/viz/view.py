@@ -1,4 +1,4 @@
-"""A relevance dump made ready for display: fields checked (:func:`recipe.mrtpo.dump.check_dump`), optional
+"""A relevance dump made ready for display: fields checked (:func:`recipe.mrtpo.step.dump.check_dump`), optional
 ones filled, token text decoded and sanitised, rho resolved, and the trainer's weights recomputed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 
 from recipe.mrtpo.core.advantage import relevance_weights
-from recipe.mrtpo.dump import SPAN_KINDS, DumpError, as_tensor, check_dump, loop_spans
+from recipe.mrtpo.step.dump import SPAN_KINDS, DumpError, as_tensor, check_dump, loop_spans
 from recipe.mrtpo.tools.viz.tokens import decode_byte_level, looks_byte_level, sanitize_text
 
 TOKEN_MODES = ("auto", "bytelevel", "text")
@@ -125,7 +125,7 @@ def span_kinds(raw_spans: object, mask: torch.Tensor) -> list[list[str]]:
     """Per response and position, the kind of the agent-loop span covering it (``tool`` / ``user``) or "".
 
     Only masked positions are marked (a span over a measured position is a contradiction, shown as measured);
-    the dump's spans pass :func:`recipe.mrtpo.dump.loop_spans` again (hostile input: off-shape entries dropped)."""
+    the dump's spans pass :func:`recipe.mrtpo.step.dump.loop_spans` again (hostile input: off-shape entries dropped)."""
     n, T = mask.shape
     kinds = [[""] * T for _ in range(n)]
     if not isinstance(raw_spans, (list, tuple)):
