@@ -123,6 +123,18 @@ def record_of(arm: str, seed: int, result: dict, attempts: int, steps: dict, run
             "ifeval": (ifeval or {}).get("metrics")}
 
 
+def stale_records(runs: Path, seed: int, parts: dict) -> list[str]:
+    """The finished records of ``seed``'s set (the pilot's seeds, or the confirmatory set's) whose key parts are not
+    ``parts``: a set runs one commit, and the pilot's commit need not be the confirmatory set's (the plan)."""
+    pilot = seed in C.PILOT_SEEDS
+    out = []
+    for p in sorted(Path(runs).glob("*.json")):
+        rec = json.loads(p.read_text())
+        if rec.get("ok") and (rec.get("seed") in C.PILOT_SEEDS) == pilot and rec.get("key_parts") != parts:
+            out.append(p.stem)
+    return out
+
+
 def run_one(a, log=print) -> int:
     from experiments.format_speed.grid import committed_record
     from experiments.format_speed.runs import heavy_lock
@@ -135,8 +147,7 @@ def run_one(a, log=print) -> int:
     model = smollm2.require()
     train, heldout_data = build_data(out, log)
     parts = key_parts(train, model)
-    stale = [p.stem for p in sorted((docs / "runs").glob("*.json"))
-             if json.loads(p.read_text()).get("ok") and json.loads(p.read_text()).get("key_parts") != parts]
+    stale = stale_records(docs / "runs", a.seed, parts)
     if stale and not a.rerun_changed:
         raise ExperimentError(f"committed records ran another code, data or model than this checkout's ({parts}): "
                               f"{stale[:5]}; run from a checkout of their commit, or pass --rerun-changed")

@@ -154,5 +154,13 @@ def test_one_run_writes_its_record_and_refuses_to_mix_keys(tmp_path, monkeypatch
     assert R.main(["run", "--arm", "gdpo", "--seed", "101", "--out", str(tmp_path / "out"), "--docs", str(docs),
                    "--no-lock", "--steps", "1"]) == 2  # refused: the committed record ran code1
     assert ran == [("mrtpo", 100)]
+    # the confirmatory set runs its own commit: the pilot's records (code1) do not refuse it; its own records do
+    assert R.main(["run", "--arm", "gdpo", "--seed", "0", "--out", str(tmp_path / "out"), "--docs", str(docs),
+                   "--no-lock", "--steps", "1"]) == 0 and ran[-1] == ("gdpo", 0)
+    monkeypatch.setattr(R, "code_key", lambda: "code3")
+    assert R.main(["run", "--arm", "gdpo", "--seed", "1", "--out", str(tmp_path / "out"), "--docs", str(docs),
+                   "--no-lock", "--steps", "1"]) == 2 and ran[-1] == ("gdpo", 0)
+    assert R.stale_records(docs / "runs", 1, {"code": "code3"}) == ["gdpo_seed0"]
+    monkeypatch.setattr(R, "code_key", lambda: "code2")
     ns.rerun_changed = True
     assert R.run_one(ns, log=lambda m: None) == 0 and ran[-1] == ("mrtpo", 101)
