@@ -226,6 +226,14 @@ def ifeval_data(out: Path, log=print) -> Path:
     return path
 
 
+def print_summary(a, log=print) -> int:
+    """``summary``: :func:`experiments.real_model_learning.analysis.summary` of ``--docs`` as JSON."""
+    from experiments.real_model_learning.analysis import summary
+
+    log(json.dumps(summary(Path(a.docs)), indent=1))
+    return 0
+
+
 def show_plan(a, log=print) -> int:
     """Print the settings and each arm's overrides for ``--seed`` and compose each launch's config as the run would
     (``run_scripts/dry_run.py``: the recipe's and verl's checks before Ray starts; nothing runs). 2 if one is refused."""
@@ -260,6 +268,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--docs", type=Path, default=DOCS, help="where the record and the report folders are written")
         p.add_argument("--eval-backend", choices=("vllm", "hf"), default="vllm", help="tools.eval's backend (default vllm)")
         p.add_argument("--no-ifeval", action="store_true", help="skip the IFEval evaluation (a smoke)")
+    summ = sub.add_parser("summary", help="the plan's numbers from the committed records (the pilot's n, the test)")
+    summ.add_argument("--docs", type=Path, default=DOCS, help="where the records are")
     plan.add_argument("--arms", nargs="+", default=list(C.ARMS), choices=list(C.ARMS))
     plan.add_argument("--seed", type=int, default=C.PILOT_SEEDS[0])
     plan.add_argument("--model", default=None, help="the model folder named in the overrides (default the asset's)")
@@ -272,7 +282,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        return {"plan": show_plan, "run": run_one, "base": evaluate_base}[a.cmd](a, log=lambda m: print(m, flush=True))
+        return {"plan": show_plan, "run": run_one, "base": evaluate_base, "summary": print_summary}[a.cmd](
+            a, log=lambda m: print(m, flush=True))
     except (ExperimentError, FileNotFoundError) as e:
         print(f"{LOG_PREFIX} ERROR: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,110 @@
+"""The real-model learning plan's numbers (experiments.real_model_learning.analysis) on records written here: the
+span-read training reward weighted by counts, theta's rule, T, stalls, collapses, n from a pilot, and the test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments.real_model_learning import analysis as A
+from experiments.real_model_learning import settings as C
+
+END, TITLE = "startend:end_checker", "detectable_format:title"
+
+
+def steps_of(values, counts=(3, 1), length=60.0):
+    """Per-step metrics with the end phrase at ``values[s]`` and the title at 0 (weights ``counts``)."""
+    return {s + 1: {f"mrtpo/reward/{END}/mean": v, f"mrtpo/reward/{END}/count": counts[0],
+                    f"mrtpo/reward/{TITLE}/mean": 0.0, f"mrtpo/reward/{TITLE}/count": counts[1],
+                    "mrtpo/reward/punctuation:no_comma/mean": 1.0, "mrtpo/reward/punctuation:no_comma/count": 9,
+                    "response_length/mean": length} for s, v in enumerate(values)}
+
+
+def write_run(docs, arm, seed, primary, values, wall=3600.0, glob=0.5, length=60.0):
+    (docs / "runs").mkdir(parents=True, exist_ok=True)
+    rec = {"arm": arm, "seed": seed, "ok": True, "attempts": 1, "walls_s": {"total": wall},
+           "heldout": {"span_read": primary, "global": glob}}
+    (docs / "runs" / f"{arm}_seed{seed}.json").write_text(json.dumps(rec))
+    folder = docs / "report_runs" / C.run_name(arm, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "data": v}) + "\n"
+                                                  for k, v in steps_of(values, length=length).items()))
+
+
+def test_the_span_read_reward_is_weighted_by_counts_and_leaves_out_the_global_ones():
+    series = A.span_read_reward(steps_of([1.0, 0.5]))
+    assert series == {1: pytest.approx(0.75), 2: pytest.approx(0.375)}  # (3 x v + 1 x 0) / 4; no_comma not in it
+    assert A.span_read_reward({1: {"mrtpo/reward/punctuation:no_comma/mean": 1.0}}) == {}
+
+
+def test_t_is_the_first_complete_running_mean_at_the_threshold_and_censored_after_the_last_step():
+    series = {1: 0.1, 2: 0.1, 3: 0.4, 4: 0.4, 5: 0.4}
+    assert A.running_mean(series) == {3: pytest.approx(0.2), 4: pytest.approx(0.3), 5: pytest.approx(0.4)}
+    assert A.steps_to_threshold(series, 0.3, steps=5) == 4
+    assert A.steps_to_threshold(series, 0.45, steps=5) == 6
+
+
+def test_a_stall_never_rises_005_above_its_start_and_a_collapse_is_either_rule():
+    assert A.stalled({1: 0.2, 2: 0.2, 3: 0.2, 4: 0.24, 5: 0.24})
+    assert not A.stalled({1: 0.2, 2: 0.2, 3: 0.2, 4: 0.3, 5: 0.3, 6: 0.3})
+    rec = {"heldout": {"global": 0.5}, "steps": steps_of([0.1] * 30)}
+    assert not A.collapsed(rec, 0.55)
+    assert A.collapsed(rec, 0.65)  # 0.15 below the base model's
+    assert A.collapsed({"heldout": {"global": 0.6}, "steps": steps_of([0.1] * 30, length=5.0)}, 0.6)
+
+
+def test_theta_is_the_rounded_down_midpoint_and_is_dropped_without_a_gain():
+    pilot = {("gdpo", 100): {"steps": steps_of([0.4] * 27 + [0.8] * 3)},
+             ("mrtpo", 100): {"steps": steps_of([0.4] * 30)}}
+    th = A.theta(pilot)  # start (0.3 + 0.3) / 2 = 0.3, GDPO's end 0.6: midpoint 0.45
+    assert th["start"] == pytest.approx(0.3) and th["gdpo_end"] == pytest.approx(0.6) and th["theta"] == 0.45
+    flat = {("gdpo", 100): {"steps": steps_of([0.4] * 30)}, ("mrtpo", 100): {"steps": steps_of([0.4] * 30)}}
+    assert A.theta(flat)["theta"] is None
+
+
+def test_n_from_the_pilot_follows_the_plans_rule():
+    from experiments.format_speed.stats import seeds_needed
+
+    prim = {("gdpo", 100): 0.30, ("mrtpo", 100): 0.40, ("gdpo", 101): 0.50, ("mrtpo", 101): 0.55,
+            ("gdpo", 102): 0.40, ("mrtpo", 102): 0.40}
+    pilot = {k: {"heldout": {"span_read": v}, "walls_s": {"total": 3600.0}} for k, v in prim.items()}
+    out = A.seeds_for_the_test(pilot)
+    diffs = [0.10, 0.05, 0.0]
+    pooled = math.sqrt((np.var([0.3, 0.5, 0.4], ddof=1) + np.var([0.4, 0.55, 0.4], ddof=1)) / 2)
+    s_d = max(float(np.std(diffs, ddof=1)), math.sqrt(2) * pooled)
+    assert out["differences"] == pytest.approx(diffs) and out["s_d"] == pytest.approx(s_d)
+    assert out["n_needed"] == max(6, math.ceil(seeds_needed(0.05, s_d / math.sqrt(2)) / (3 / math.pi)))
+    assert out["n_max"] == math.floor((86_400 - 6 * 3600) / (2 * 3600)) == 9
+    assert out["n"] == min(out["n_needed"], 9)
+
+
+def test_the_summary_reads_the_committed_records(tmp_path):
+    docs = tmp_path / "docs"
+    for seed, (g, m) in zip(C.PILOT_SEEDS, [(0.3, 0.4), (0.5, 0.55), (0.4, 0.4)]):
+        write_run(docs, "gdpo", seed, g, [0.4] * 27 + [0.8] * 3)
+        write_run(docs, "mrtpo", seed, m, [0.4] * 25 + [0.8] * 5)
+    (docs / "base.json").write_text(json.dumps({"heldout": {"span_read": 0.2, "global": 0.5}}))
+    out = A.summary(docs)
+    assert out["pilot"]["theta"]["theta"] == 0.45 and out["pilot"]["n_max"] == 9
+    run = out["runs"]["mrtpo_seed100"]
+    # span-read 0.3 then 0.6 (from step 26, GDPO's from 28): the running mean first reaches 0.45 at (0.3 + 0.6 + 0.6) / 3
+    assert run["T"] == 27 and out["runs"]["gdpo_seed100"]["T"] == 29
+    assert not run["stall"] and not run["collapse"] and "test" not in out
+    for seed, d in enumerate([0.1, 0.05, 0.02, 0.08, 0.03, 0.06]):
+        write_run(docs, "gdpo", seed, 0.3, [0.4] * 30)
+        write_run(docs, "mrtpo", seed, 0.3 + d, [0.4] * 30)
+    test = A.summary(docs)["test"]
+    assert test["pairs"] == list(range(6)) and test["signed_rank"]["p"] == pytest.approx(2 / 64)
+    assert test["hodges_lehmann"] > 0 and test["sign_test"]["positive"] == 6
+
+
+def test_the_summary_command_prints_it(tmp_path, capsys):
+    from experiments.real_model_learning import runs as R
+
+    write_run(tmp_path / "docs", "gdpo", 100, 0.3, [0.4] * 30)
+    assert R.main(["summary", "--docs", str(tmp_path / "docs")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"]["gdpo_seed100"]["primary"] == 0.3 and "pilot" not in out
