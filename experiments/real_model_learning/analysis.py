@@ -33,17 +33,15 @@ COLLAPSE_DROP, COLLAPSE_LENGTH = 0.10, 10.0
 def load_records(docs: Path) -> dict[tuple[str, int], dict]:
     """``{(arm, seed): record}`` of every finished run under ``docs/runs``, with its per-step metrics from
     ``docs/report_runs/<run name>/metrics.jsonl`` as ``record["steps"] = {step: {metric: value}}``."""
+    from recipe.mrtpo.tools.verl_log import parse_file_logger
+
     out = {}
     for p in sorted((Path(docs) / "runs").glob("*.json")):
         rec = json.loads(p.read_text())
         if not rec.get("ok"):
             continue
         log = Path(docs) / "report_runs" / C.run_name(rec["arm"], rec["seed"]) / "metrics.jsonl"
-        steps = {}
-        if log.is_file():
-            for line in log.read_text().splitlines():
-                row = json.loads(line)
-                steps[int(row["step"])] = row["data"]
+        steps = parse_file_logger(log.read_text())[0] if log.is_file() else {}
         out[(rec["arm"], int(rec["seed"]))] = {**rec, "steps": steps}
     return out
 
