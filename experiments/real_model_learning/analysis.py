@@ -25,6 +25,7 @@ DELTA = 0.05  # the smallest difference in the held-out span-read pass rate wort
 SIGNED_RANK_EFFICIENCY = 3 / math.pi  # 0.955
 MIN_SEEDS = 6  # the exact signed-rank test cannot reach p < 0.05 with fewer
 BUDGET_S = 86_400
+HALVING_WALL_S = 5_400  # runs longer than 1.5 h: the prompts a step are halved before seeds are cut
 RUN_MEAN = 3  # steps in the running mean of T and of a stall
 STALL_RISE = 0.05
 COLLAPSE_DROP, COLLAPSE_LENGTH = 0.10, 10.0
@@ -111,10 +112,35 @@ def collapsed(record: Mapping, base_global: Optional[float], steps: int = C.STEP
                 or (lengths and float(np.mean(lengths)) < COLLAPSE_LENGTH))
 
 
+def run_walls(record: Mapping) -> dict:
+    """A run's walls: ``spent``, everything the run cost the budget (failed attempts included: the record's total);
+    ``clean``, one attempt start to finish (the last attempt's verl wall, start-up included, plus its evaluations;
+    the total where the phases are not recorded); ``steps``, the sum of verl's ``timing_s/step`` (the part that
+    scales with the responses a step)."""
+    w = record.get("walls_s") or {}
+    phases = [w.get(k) for k in ("train", "heldout_eval", "ifeval_eval")]
+    clean = sum(float(v) for v in phases) if all(v is not None for v in phases) else float(w["total"])
+    steps = sum(float(m["timing_s/step"]) for m in (record.get("steps") or {}).values() if "timing_s/step" in m)
+    return {"spent": float(w["total"]), "clean": clean, "steps": steps}
+
+
+def projected_wall(record: Mapping, prompts: int, pilot_prompts: int = C.PROMPTS_PER_STEP) -> float:
+    """A run's clean wall at ``prompts`` prompts a step: the steps' time scaled by ``prompts / pilot_prompts`` (the
+    rollout, the passes and the update are linear in the responses), start-up and evaluations unchanged."""
+    w = run_walls(record)
+    return w["clean"] - w["steps"] * (1 - prompts / pilot_prompts)
+
+
 def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DELTA) -> dict:
     """n from the pilot: s_d = max(SD of the paired differences, sqrt(2) x the pooled within-arm SD of the primary);
     n_needed = max(6, ceil(seeds_needed(delta, s_d / sqrt(2)) / 0.955)); n_max = floor((86,400 s - the pilot's wall)
-    / (2 x the pilot's mean run wall)); n = min of the two."""
+    / (2 x the pilot's mean run wall)); n = min of the two.
+
+    The walls: the pilot's wall is what its runs spent (failed attempts included), a run's wall one clean attempt
+    (:func:`run_walls`). Where the mean run wall is over 1.5 h the plan halves the prompts a step before it cuts
+    seeds: ``halved`` gives each arm's projected wall at half the prompts (:func:`projected_wall`) and the n_max
+    they allow (the pair's projected walls, the arms' means, in the denominator). ``below_minimum`` says that the
+    budget allows fewer pairs than the exact test needs to reach p < 0.05 at all."""
     from experiments.format_speed.stats import seeds_needed
 
     seeds = sorted({s for (_, s) in pilot if ("gdpo", s) in pilot and ("mrtpo", s) in pilot})
@@ -124,11 +150,22 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     pooled = math.sqrt(np.mean([np.var(v, ddof=1) for v in arms.values() if len(v) > 1]))
     s_d = max(float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0, math.sqrt(2) * pooled)
     needed = max(MIN_SEEDS, math.ceil(seeds_needed(delta, s_d / math.sqrt(2)) / SIGNED_RANK_EFFICIENCY)) if s_d else MIN_SEEDS
-    walls = [float(r["walls_s"]["total"]) for r in pilot.values()]
-    n_max = math.floor((BUDGET_S - sum(walls)) / (2 * float(np.mean(walls))))
-    return {"seeds": seeds, "differences": diffs, "sd_differences": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
-            "pooled_within_arm_sd": pooled, "s_d": s_d, "n_needed": needed, "pilot_wall_s": sum(walls),
-            "mean_run_wall_s": float(np.mean(walls)), "n_max": n_max, "n": min(needed, n_max)}
+    walls = {k: run_walls(r) for k, r in pilot.items()}
+    spent = sum(w["spent"] for w in walls.values())
+    mean_clean = float(np.mean([w["clean"] for w in walls.values()]))
+    n_max = math.floor((BUDGET_S - spent) / (2 * mean_clean))
+    out = {"seeds": seeds, "differences": diffs, "sd_differences": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
+           "pooled_within_arm_sd": pooled, "s_d": s_d, "n_needed": needed, "pilot_wall_s": spent,
+           "mean_run_wall_s": mean_clean, "n_max": n_max, "n": min(needed, n_max)}
+    if mean_clean > HALVING_WALL_S:
+        half = C.PROMPTS_PER_STEP // 2
+        per_arm = {a: float(np.mean([projected_wall(r, half) for (arm, _), r in pilot.items() if arm == a]))
+                   for a in ("gdpo", "mrtpo")}
+        n_half = math.floor((BUDGET_S - spent) / sum(per_arm.values()))
+        out["halved"] = {"prompts_per_step": half, "projected_run_wall_s": per_arm, "n_max": n_half,
+                         "n": min(needed, n_half)}
+    out["below_minimum"] = (out.get("halved") or out)["n"] < MIN_SEEDS
+    return out
 
 
 def confirmatory_test(records: Mapping[tuple[str, int], dict], seeds: Sequence[int]) -> dict:

@@ -80,6 +80,31 @@ def test_n_from_the_pilot_follows_the_plans_rule():
     assert out["n_max"] == math.floor((86_400 - 6 * 3600) / (2 * 3600)) == 9
     assert out["n"] == min(out["n_needed"], 9)
 
+    assert "halved" not in out and not out["below_minimum"]  # one-hour runs: the plan's settings stand
+
+
+def test_the_walls_count_failed_attempts_as_spent_and_the_halving_rule_projects_the_steps():
+    def record(arm, failed_s, step_s):
+        steps = {s: {"timing_s/step": step_s} for s in range(1, 31)}
+        walls = {"train": 100.0 + 30 * step_s, "heldout_eval": 300.0, "ifeval_eval": 700.0}
+        walls["total"] = walls["train"] + 1000.0 + failed_s
+        return {"arm": arm, "heldout": {"span_read": 0.5}, "walls_s": walls, "steps": steps}
+
+    rec = record("gdpo", 1500.0, 170.0)
+    assert A.run_walls(rec) == {"spent": 7700.0, "clean": 6200.0, "steps": 5100.0}
+    assert A.projected_wall(rec, 4) == pytest.approx(6200.0 - 2550.0)  # half the steps' time, start-up and evals kept
+    pilot = {("gdpo", s): record("gdpo", 1500.0 if s == 100 else 0.0, 170.0) for s in C.PILOT_SEEDS}
+    pilot.update({("mrtpo", s): record("mrtpo", 0.0, 250.0) for s in C.PILOT_SEEDS})
+    out = A.seeds_for_the_test(pilot)
+    spent = 3 * 6200.0 + 1500.0 + 3 * (100.0 + 7500.0 + 1000.0)
+    assert out["pilot_wall_s"] == pytest.approx(spent)
+    assert out["mean_run_wall_s"] == pytest.approx((6200.0 + 8600.0) / 2) and out["n_max"] == 2
+    half = out["halved"]
+    assert half["prompts_per_step"] == 4
+    assert half["projected_run_wall_s"] == pytest.approx({"gdpo": 3650.0, "mrtpo": 4850.0})
+    assert half["n_max"] == math.floor((86_400 - spent) / 8500.0) == 4 and half["n"] == 4
+    assert out["below_minimum"]  # four pairs: the exact test cannot reach p < 0.05
+
 
 def test_the_summary_reads_the_committed_records(tmp_path):
     docs = tmp_path / "docs"
