@@ -243,7 +243,7 @@ def show_plan(a, log=print) -> int:
     model = Path(a.model) if a.model else REPO / ".assets" / "smollm2-135m-instruct"
     train = out / "data" / "train.parquet"
     log(f"{LOG_PREFIX} pool: span-read {list(C.SPAN_READ)}, global {list(C.GLOBAL)}; data: {' '.join(C.DATA_ARGS)}")
-    log(f"{LOG_PREFIX} {a.steps} steps of {C.PROMPTS_PER_STEP} x {C.RESPONSES_PER_PROMPT} responses <= "
+    log(f"{LOG_PREFIX} {a.steps} steps of {C.prompts_per_step(a.seed)} x {C.RESPONSES_PER_PROMPT} responses <= "
         f"{C.RESPONSE_LENGTH} tokens, lr {C.LR}; pilot seeds {list(C.PILOT_SEEDS)}; code {code_key()}")
     refused = 0
     for arm in a.arms:

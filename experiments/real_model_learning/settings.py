@@ -19,6 +19,9 @@ ARMS = ("gdpo", "mrtpo", "shuffle")  # shuffle: the third arm, run only where th
 PILOT_SEEDS = (100, 101, 102)
 STEPS, PROMPTS_PER_STEP, RESPONSES_PER_PROMPT, RESPONSE_LENGTH, PROMPT_LENGTH, LR = 30, 8, 4, 128, 192, 1e-5
 IFEVAL_TOKENS = 256
+#: prompts a step of the confirmatory runs: the amendment after the pilot sets it by the plan's 1.5 h rule (half the
+#: pilot's where its runs took longer); until then the pilot's
+CONFIRMATORY_PROMPTS_PER_STEP = PROMPTS_PER_STEP
 MODEL_NAME = "smollm2-135m"
 TASK = "instruction_following"
 PROJECT = "mrtpo_real_model_learning"
@@ -38,6 +41,12 @@ def run_name(arm: str, seed: int) -> str:
     return f"{MODEL_NAME}_{TASK}_{arm}_seed{seed}"
 
 
+def prompts_per_step(seed: int) -> int:
+    """The prompts a step of ``seed``'s runs: the pilot's for the pilot seeds, the amendment's for the confirmatory
+    set (the PPO mini-batch is the batch either way: one update a step)."""
+    return PROMPTS_PER_STEP if seed in PILOT_SEEDS else CONFIRMATORY_PROMPTS_PER_STEP
+
+
 def run_overrides(arm: str, seed: int, model: Path, data: Path, run_dir: Path, steps: int = STEPS) -> list[str]:
     """The verl overrides of one run (the plan's fixed settings), the actor in fp32 last."""
     from recipe.mrtpo.cpu.launcher import tiny_run_overrides
@@ -47,7 +56,8 @@ def run_overrides(arm: str, seed: int, model: Path, data: Path, run_dir: Path, s
     if arm not in ARMS:
         raise ExperimentError(f"unknown arm {arm!r}; known: {list(ARMS)}")
     method = get(arm)
-    changed = {"data.train_batch_size": PROMPTS_PER_STEP, "actor_rollout_ref.actor.ppo_mini_batch_size": PROMPTS_PER_STEP,
+    prompts = prompts_per_step(seed)
+    changed = {"data.train_batch_size": prompts, "actor_rollout_ref.actor.ppo_mini_batch_size": prompts,
                "data.max_response_length": RESPONSE_LENGTH, "data.max_prompt_length": PROMPT_LENGTH,
                "data.shuffle": True, "actor_rollout_ref.rollout.n": RESPONSES_PER_PROMPT}
     base = []

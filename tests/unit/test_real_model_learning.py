@@ -39,6 +39,14 @@ def test_every_arm_runs_the_plans_settings(arm, tmp_path):
         assert kv.get("mrtpo.shuffle") == ("True" if arm == "shuffle" else None)
 
 
+def test_the_confirmatory_set_takes_the_amendments_prompts_a_step_and_the_pilot_keeps_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "CONFIRMATORY_PROMPTS_PER_STEP", 4)
+    conf = _kv(C.run_overrides("mrtpo", 0, tmp_path / "model", tmp_path / "train.parquet", tmp_path / "run"))
+    pilot = _kv(C.run_overrides("mrtpo", 100, tmp_path / "model", tmp_path / "train.parquet", tmp_path / "run"))
+    assert conf["data.train_batch_size"] == conf["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    assert pilot["data.train_batch_size"] == pilot["actor_rollout_ref.actor.ppo_mini_batch_size"] == "8"
+    assert conf["actor_rollout_ref.rollout.n"] == pilot["actor_rollout_ref.rollout.n"] == "4"
+
 def test_an_unknown_arm_is_refused(tmp_path):
     with pytest.raises(C.ExperimentError, match="unknown arm 'grpo'"):
         C.run_overrides("grpo", 0, tmp_path, tmp_path, tmp_path)
