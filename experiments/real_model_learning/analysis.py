@@ -139,8 +139,9 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     The walls: the pilot's wall is what its runs spent (failed attempts included), a run's wall one clean attempt
     (:func:`run_walls`). Where the mean run wall is over 1.5 h the plan halves the prompts a step before it cuts
     seeds: ``halved`` gives each arm's projected wall at half the prompts (:func:`projected_wall`) and the n_max
-    they allow (the pair's projected walls, the arms' means, in the denominator). ``below_minimum`` says that the
-    budget allows fewer pairs than the exact test needs to reach p < 0.05 at all."""
+    they allow (the pair's projected walls, the arms' means, in the denominator). Where the budget holds fewer pairs
+    than the exact test needs to reach p < 0.05 at all (``below_minimum``), n is that minimum, 6, and
+    ``over_budget_s`` says by how much it exceeds the budget (the plan's note of 2026-12-07)."""
     from experiments.format_speed.stats import seeds_needed
 
     seeds = sorted({s for (_, s) in pilot if ("gdpo", s) in pilot and ("mrtpo", s) in pilot})
@@ -153,18 +154,20 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     walls = {k: run_walls(r) for k, r in pilot.items()}
     spent = sum(w["spent"] for w in walls.values())
     mean_clean = float(np.mean([w["clean"] for w in walls.values()]))
-    n_max = math.floor((BUDGET_S - spent) / (2 * mean_clean))
+    def choice(pair_wall: float) -> dict:
+        n_max = math.floor((BUDGET_S - spent) / pair_wall)
+        n = max(MIN_SEEDS, min(needed, n_max))  # below 6 the test is decided before it runs: 6, over budget
+        return {"n_max": n_max, "n": n, "below_minimum": n_max < MIN_SEEDS,
+                "over_budget_s": max(0.0, spent + n * pair_wall - BUDGET_S)}
+
     out = {"seeds": seeds, "differences": diffs, "sd_differences": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
            "pooled_within_arm_sd": pooled, "s_d": s_d, "n_needed": needed, "pilot_wall_s": spent,
-           "mean_run_wall_s": mean_clean, "n_max": n_max, "n": min(needed, n_max)}
+           "mean_run_wall_s": mean_clean, **choice(2 * mean_clean)}
     if mean_clean > HALVING_WALL_S:
         half = C.PROMPTS_PER_STEP // 2
         per_arm = {a: float(np.mean([projected_wall(r, half) for (arm, _), r in pilot.items() if arm == a]))
                    for a in ("gdpo", "mrtpo")}
-        n_half = math.floor((BUDGET_S - spent) / sum(per_arm.values()))
-        out["halved"] = {"prompts_per_step": half, "projected_run_wall_s": per_arm, "n_max": n_half,
-                         "n": min(needed, n_half)}
-    out["below_minimum"] = (out.get("halved") or out)["n"] < MIN_SEEDS
+        out["halved"] = {"prompts_per_step": half, "projected_run_wall_s": per_arm, **choice(sum(per_arm.values()))}
     return out
 
 
