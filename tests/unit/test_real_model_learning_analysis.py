@@ -84,17 +84,17 @@ def test_n_from_the_pilot_follows_the_plans_rule():
 
 
 def test_the_walls_count_failed_attempts_as_spent_and_the_halving_rule_projects_the_steps():
-    def record(arm, failed_s, step_s):
+    def record(arm, failed_s, step_s, primary=0.5):
         steps = {s: {"timing_s/step": step_s} for s in range(1, 31)}
         walls = {"train": 100.0 + 30 * step_s, "heldout_eval": 300.0, "ifeval_eval": 700.0}
         walls["total"] = walls["train"] + 1000.0 + failed_s
-        return {"arm": arm, "heldout": {"span_read": 0.5}, "walls_s": walls, "steps": steps}
+        return {"arm": arm, "heldout": {"span_read": primary}, "walls_s": walls, "steps": steps}
 
     rec = record("gdpo", 1500.0, 170.0)
     assert A.run_walls(rec) == {"spent": 7700.0, "clean": 6200.0, "steps": 5100.0}
     assert A.projected_wall(rec, 4) == pytest.approx(6200.0 - 2550.0)  # half the steps' time, start-up and evals kept
     pilot = {("gdpo", s): record("gdpo", 1500.0 if s == 100 else 0.0, 170.0) for s in C.PILOT_SEEDS}
-    pilot.update({("mrtpo", s): record("mrtpo", 0.0, 250.0) for s in C.PILOT_SEEDS})
+    pilot.update({("mrtpo", s): record("mrtpo", 0.0, 250.0, 0.5 + 0.05 * (s - 100)) for s in C.PILOT_SEEDS})
     out = A.seeds_for_the_test(pilot)
     spent = 3 * 6200.0 + 1500.0 + 3 * (100.0 + 7500.0 + 1000.0)
     assert out["pilot_wall_s"] == pytest.approx(spent)
@@ -105,6 +105,12 @@ def test_the_walls_count_failed_attempts_as_spent_and_the_halving_rule_projects_
     assert half["n_max"] == math.floor((86_400 - spent) / 8500.0) == 4 and half["below_minimum"]
     # four pairs could not reach p < 0.05: six are run, over the budget by what the two more pairs cost
     assert half["n"] == 6 and half["over_budget_s"] == pytest.approx(spent + 6 * 8500.0 - 86_400)
+    # the difference six pairs detect: seeds_needed's formula (before its rounding up) gives six pairs at it
+    from statistics import NormalDist
+
+    z, d, sd = NormalDist(), half["detectable_delta"], out["s_d"] / math.sqrt(2)
+    pairs = 2 * (z.inv_cdf(0.975) + z.inv_cdf(0.8)) ** 2 * sd**2 / d**2 / (3 / math.pi)
+    assert out["s_d"] > 0 and pairs == pytest.approx(6.0)
 
 
 def test_the_summary_reads_the_committed_records(tmp_path):
