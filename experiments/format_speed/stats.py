@@ -6,7 +6,8 @@ per-seed values, each the plan's definition, nothing else (numpy and the standar
 - :func:`unpaired_permutation_p`: the exact two-sided permutation test of two independent samples (the fallback);
 - :func:`holm`: Holm's step-down adjustment of a family of p-values;
 - :func:`bootstrap_interval`: the 95% percentile-bootstrap interval of a mean difference over seeds;
-- :func:`normal_power`, :func:`seeds_needed`: the power computation behind the number of seeds.
+- :func:`normal_power`, :func:`seeds_needed`, :func:`detectable_difference`: the power computation behind the number
+  of seeds.
 """
 
 from __future__ import annotations
@@ -162,6 +163,13 @@ def seeds_needed(delta: float, sd: float, power: float = 0.8, alpha: float = 0.0
     n = ceil(2 (z_(1-alpha/2) + z_power)^2 sd^2 / delta^2)."""
     z = NormalDist()
     return math.ceil(2 * (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) ** 2 * sd**2 / delta**2)
+
+
+def detectable_difference(n: float, sd: float, power: float = 0.8, alpha: float = 0.05) -> float:
+    """:func:`seeds_needed` solved for delta (before its rounding up): the difference ``n`` seeds a method detect,
+    delta = (z_(1-alpha/2) + z_power) sd sqrt(2 / n)."""
+    z = NormalDist()
+    return (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * sd * math.sqrt(2 / n)
 
 
 # ---------------------------------------------------------------- the replication's rank-based tests

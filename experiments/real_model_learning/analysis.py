@@ -14,7 +14,6 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from statistics import NormalDist
 from typing import Optional
 
 import numpy as np
@@ -144,7 +143,7 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     than the exact test needs to reach p < 0.05 at all (``below_minimum``), n is that minimum, 6, and
     ``over_budget_s`` says by how much it exceeds the budget (the plan's note of 2026-12-07). ``detectable_delta``:
     the difference the test detects with power 0.8 at that n (what the amendment gives where n_needed > n_max)."""
-    from experiments.format_speed.stats import seeds_needed
+    from experiments.format_speed.stats import detectable_difference, seeds_needed
 
     seeds = sorted({s for (_, s) in pilot if ("gdpo", s) in pilot and ("mrtpo", s) in pilot})
     primary = {k: r["heldout"]["span_read"] for k, r in pilot.items()}
@@ -156,16 +155,13 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     walls = {k: run_walls(r) for k, r in pilot.items()}
     spent = sum(w["spent"] for w in walls.values())
     mean_clean = float(np.mean([w["clean"] for w in walls.values()]))
+
     def choice(pair_wall: float) -> dict:
         n_max = math.floor((BUDGET_S - spent) / pair_wall)
         n = max(MIN_SEEDS, min(needed, n_max))  # below 6 the test is decided before it runs: 6, over budget
         return {"n_max": n_max, "n": n, "below_minimum": n_max < MIN_SEEDS,
-                "over_budget_s": max(0.0, spent + n * pair_wall - BUDGET_S), "detectable_delta": detectable(n)}
-
-    def detectable(n: int) -> float:  # seeds_needed's formula solved for delta at n pairs (the plan's "under-powered")
-        z = NormalDist()
-        return (z.inv_cdf(1 - 0.05 / 2) + z.inv_cdf(0.8)) * s_d / math.sqrt(n * SIGNED_RANK_EFFICIENCY)
-
+                "over_budget_s": max(0.0, spent + n * pair_wall - BUDGET_S),
+                "detectable_delta": detectable_difference(n * SIGNED_RANK_EFFICIENCY, s_d / math.sqrt(2))}
 
     out = {"seeds": seeds, "differences": diffs, "sd_differences": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
            "pooled_within_arm_sd": pooled, "s_d": s_d, "n_needed": needed, "pilot_wall_s": spent,

@@ -97,5 +97,7 @@ def test_the_power_computation_behind_the_plan():
     z = 1.959963984540054 + 0.8416212335729143
     assert stats.seeds_needed(4.0, 4.9) == math.ceil(2 * z**2 * 4.9**2 / 16) == 24
     assert stats.seeds_needed(4.75, 4.9) == 17
+    d = stats.detectable_difference(24, 4.9)  # the inverse: 24 seeds detect what needs 24 seeds
+    assert stats.seeds_needed(d * 1.0001, 4.9) == 24 and stats.seeds_needed(d * 0.99, 4.9) > 24
     assert stats.normal_power(4.0, 4.9, 24, 24) == pytest.approx(0.807, abs=1e-3)
     assert stats.normal_power(4.0, 4.9, 8, 8) == pytest.approx(0.372, abs=1e-3)
