@@ -3,7 +3,8 @@ spread and n, each run's T, stall and collapse, and the confirmatory test.
 
 Inputs are what a run commits: ``runs/<arm>_seed<s>.json`` (the held-out counts, the walls, the per-step means) and
 ``report_runs/<run name>/metrics.jsonl`` (every metric verl logged per step, the per-reward counts included), and
-``base.json`` (the initial model's held-out rates).
+``base.json`` (the initial model's held-out rates), and ``interrupted.json`` (attempts stopped from outside before the
+runner could record them: what they cost the budget).
 
     python -m experiments.real_model_learning summary          # the pilot's numbers, or the test once seeds 0.. exist
 """
@@ -45,6 +46,17 @@ def load_records(docs: Path) -> dict[tuple[str, int], dict]:
         steps = parse_file_logger(log.read_text())[0] if log.is_file() else {}
         out[(rec["arm"], int(rec["seed"]))] = {**rec, "steps": steps}
     return out
+
+
+def load_interrupted(docs: Path) -> list[dict]:
+    """The attempts stopped from outside the runner (``[{"arm", "seed", "started", "stopped", "lost_s", "why"}]``):
+    a process ended with the session that ran it leaves no record, yet spent the budget's wall."""
+    path = Path(docs) / "interrupted.json"
+    entries = json.loads(path.read_text()) if path.is_file() else []
+    for e in entries:
+        if not {"arm", "seed", "lost_s"} <= set(e) or float(e["lost_s"]) < 0:
+            raise ValueError(f"{path}: an entry needs arm, seed and lost_s >= 0: {e}")
+    return entries
 
 
 def span_read_reward(steps: Mapping[int, Mapping[str, float]], ids: Sequence[str] = C.SPAN_READ) -> dict[int, float]:
@@ -131,12 +143,14 @@ def projected_wall(record: Mapping, prompts: int, pilot_prompts: int = C.PROMPTS
     return w["clean"] - w["steps"] * (1 - prompts / pilot_prompts)
 
 
-def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DELTA) -> dict:
+def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DELTA,
+                       interrupted: Sequence[Mapping] = ()) -> dict:
     """n from the pilot: s_d = max(SD of the paired differences, sqrt(2) x the pooled within-arm SD of the primary);
     n_needed = max(6, ceil(seeds_needed(delta, s_d / sqrt(2)) / 0.955)); n_max = floor((86,400 s - the pilot's wall)
     / (2 x the pilot's mean run wall)); n = min of the two.
 
-    The walls: the pilot's wall is what its runs spent (failed attempts included), a run's wall one clean attempt
+    The walls: the pilot's wall is what its runs spent (failed attempts included, and the pilot seeds' ``interrupted``
+    attempts, :func:`load_interrupted`), a run's wall one clean attempt
     (:func:`run_walls`). Where the mean run wall is over 1.5 h the plan halves the prompts a step before it cuts
     seeds: ``halved`` gives each arm's projected wall at half the prompts (:func:`projected_wall`) and the n_max
     they allow (the pair's projected walls, the arms' means, in the denominator). Where the budget holds fewer pairs
@@ -153,7 +167,8 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
     s_d = max(float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0, math.sqrt(2) * pooled)
     needed = max(MIN_SEEDS, math.ceil(seeds_needed(delta, s_d / math.sqrt(2)) / SIGNED_RANK_EFFICIENCY)) if s_d else MIN_SEEDS
     walls = {k: run_walls(r) for k, r in pilot.items()}
-    spent = sum(w["spent"] for w in walls.values())
+    lost = sum(float(e["lost_s"]) for e in interrupted if int(e["seed"]) in C.PILOT_SEEDS)
+    spent = sum(w["spent"] for w in walls.values()) + lost
     mean_clean = float(np.mean([w["clean"] for w in walls.values()]))
 
     def choice(pair_wall: float) -> dict:
@@ -165,7 +180,7 @@ def seeds_for_the_test(pilot: Mapping[tuple[str, int], dict], delta: float = DEL
 
     out = {"seeds": seeds, "differences": diffs, "sd_differences": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
            "pooled_within_arm_sd": pooled, "s_d": s_d, "n_needed": needed, "pilot_wall_s": spent,
-           "mean_run_wall_s": mean_clean, **choice(2 * mean_clean)}
+           "interrupted_s": lost, "mean_run_wall_s": mean_clean, **choice(2 * mean_clean)}
     if mean_clean > HALVING_WALL_S:
         half = C.PROMPTS_PER_STEP // 2
         per_arm = {a: float(np.mean([projected_wall(r, half) for (arm, _), r in pilot.items() if arm == a]))
@@ -206,7 +221,7 @@ def summary(docs: Path) -> dict:
             "collapse": collapsed(r, base_global),
             "T": steps_to_threshold(series, th["theta"]) if th and th["theta"] is not None else None}
     if complete:
-        out["pilot"] = {"theta": th, **seeds_for_the_test(pilot)}
+        out["pilot"] = {"theta": th, **seeds_for_the_test(pilot, interrupted=load_interrupted(docs))}
     confirmatory = sorted({s for (_, s) in records if s not in C.PILOT_SEEDS})
     if confirmatory:
         out["test"] = confirmatory_test(records, confirmatory)

@@ -82,6 +82,12 @@ def test_n_from_the_pilot_follows_the_plans_rule():
 
     assert "halved" not in out and not out["below_minimum"] and out["over_budget_s"] == 0  # one-hour runs: as planned
 
+    # an attempt stopped from outside (its session ended) spent the budget too; a confirmatory seed's is not the pilot's
+    stopped = [{"arm": "gdpo", "seed": 101, "lost_s": 7200.0}, {"arm": "mrtpo", "seed": 0, "lost_s": 999.0}]
+    cut = A.seeds_for_the_test(pilot, interrupted=stopped)
+    assert cut["interrupted_s"] == 7200.0 and cut["pilot_wall_s"] == 6 * 3600 + 7200
+    assert cut["n_max"] == math.floor((86_400 - 6 * 3600 - 7200) / (2 * 3600)) == 8
+
 
 def test_the_walls_count_failed_attempts_as_spent_and_the_halving_rule_projects_the_steps():
     def record(arm, failed_s, step_s, primary=0.5):
@@ -120,7 +126,13 @@ def test_the_summary_reads_the_committed_records(tmp_path):
         write_run(docs, "mrtpo", seed, m, [0.4] * 25 + [0.8] * 5)
     (docs / "base.json").write_text(json.dumps({"heldout": {"span_read": 0.2, "global": 0.5}}))
     out = A.summary(docs)
-    assert out["pilot"]["theta"]["theta"] == 0.45 and out["pilot"]["n_max"] == 9
+    assert out["pilot"]["theta"]["theta"] == 0.45 and out["pilot"]["n_max"] == 9 and out["pilot"]["interrupted_s"] == 0
+    (docs / "interrupted.json").write_text(json.dumps([{"arm": "gdpo", "seed": 101, "lost_s": 7200.0}]))
+    assert A.summary(docs)["pilot"]["n_max"] == 8  # the ledger's lost wall is the pilot's
+    (docs / "interrupted.json").write_text(json.dumps([{"arm": "gdpo", "seed": 101}]))
+    with pytest.raises(ValueError, match="lost_s"):
+        A.summary(docs)
+    (docs / "interrupted.json").unlink()
     run = out["runs"]["mrtpo_seed100"]
     # span-read 0.3 then 0.6 (from step 26, GDPO's from 28): the running mean first reaches 0.45 at (0.3 + 0.6 + 0.6) / 3
     assert run["T"] == 27 and out["runs"]["gdpo_seed100"]["T"] == 29
