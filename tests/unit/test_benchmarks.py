@@ -149,18 +149,24 @@ def test_bench_shared_prompts_counts_before_after_and_the_limit(capsys):
         assert re.fullmatch(r"shared prompts: after / limit <= \d+\.\d{3} on every mix; planning <= \d+\.\d{3} s per 1,024 responses \(best of 1; median \d+\.\d{3}\)", out[-1])
         # the attention cost: per mix and shape, the tree's tokens are the shared forwards' (after), its tile pairs at
         # least its exact pairs (and fewer at smaller tiles), the dense mask every pair of each shared row
-        cost = {(r[0], r[1]): r for r in (_cells(line) for line in out) if len(r) == 11 and r[1] in ("1.5B", "7B")}
+        cost = {(r[0], r[1]): r for r in (_cells(line) for line in out) if len(r) == 14 and r[1] in ("1.5B", "7B")}
         assert {k[0] for k in cost} == set(res) and len(cost) == 8
         for (name, shape), r in cost.items():
             t = res[name]["cost"]["totals"]
             assert int(r[2].split("/")[1].replace(",", "")) == t["tree"].tokens == int(rows[name][7].replace(",", ""))
             assert t["dense"].pairs >= t["tree"].pairs >= t["tree"].exact_pairs and float(r[4]) >= 1.0
             assert float(r[4]) >= float(r[5].split("/")[0]) >= float(r[5].split("/")[1]) >= 1.0
+            # segment by segment: the same tree's exact pairs, in whole tiles of each segment's queries
+            assert t["segmented"].exact_pairs == t["tree"].exact_pairs and t["segmented"].tokens == t["tree"].tokens
+            assert float(r[6]) == pytest.approx(t["segmented"].pairs / t["segmented"].exact_pairs, abs=6e-4) and float(r[6]) >= 1.0
+            assert float(r[7]) == pytest.approx(t["tree"].pairs / t["segmented"].pairs, abs=6e-4)
             f = res[name]["cost"]["flops"][shape]
-            assert f["chosen"] <= f["varlen"] and float(r[7]) == pytest.approx(f["chosen"] / f["varlen"], abs=6e-4)
-        tiles = re.fullmatch(r"attention: tree tiles / exact pairs <= (\d+\.\d{3}) on every mix; at 7B chosen / varlen "
-                             r"FLOPs <= (\d+\.\d{3}) \(the old dense mask: up to (\d+\.\d{3})\)", out[-2])
-        assert tiles and float(tiles.group(2)) <= 1.0, out[-2]
+            assert 0 < f["attention"] < f["chosen"] and float(r[9].rstrip("%")) == pytest.approx(100 * f["attention"] / f["chosen"], abs=0.06)
+            assert f["chosen"] <= f["varlen"] and float(r[10]) == pytest.approx(f["chosen"] / f["varlen"], abs=6e-4)
+        tiles = re.fullmatch(r"attention: tree tiles / exact pairs <= (\d+\.\d{3}) on every mix \(segment by segment: <= "
+                             r"(\d+\.\d{3})\); at 7B chosen / varlen FLOPs <= (\d+\.\d{3}) \(the old dense mask: up to "
+                             r"(\d+\.\d{3})\), attention <= (\d+\.\d)% of the chosen FLOPs", out[-2])
+        assert tiles and float(tiles.group(2)) >= 1.0 and float(tiles.group(3)) <= 1.0, out[-2]
 
 
 BLOCK_HEAVY_IMPORTS = """

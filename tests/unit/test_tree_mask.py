@@ -192,3 +192,23 @@ def test_plan_pass_runs_a_forward_unshared_exactly_where_the_cost_model_says_so(
         ran = [s for mb, _ in plan.forwards for s in mb]
         assert sorted(ran, key=lambda s: (s.row, s.variant)) == sorted(seqs, key=lambda s: (s.row, s.variant))
         assert sum(inputs is None for _, inputs in plan.forwards) >= fallbacks
+
+
+def test_the_segmented_reference_counts_each_segments_queries_over_its_ancestors_and_itself():
+    """A 100-token prompt with responses of 200 and 50 tokens (128-token tiles): the prompt 1 tile, the first response
+    2 + 3 (its query tiles reach 228 and 300 keys), the second 2 (150 keys); with no sharing it is unshared varlen."""
+    from recipe.mrtpo.core.attention_cost import segmented_counts, tree_counts
+
+    tree = TreeMask([0, 100, 300], [100, 300, 350], [-1, 0, 0], 350)
+    c = segmented_counts(tree)
+    assert c.tiles == 1 + 5 + 2 and c.pairs == 8 * 128 * 128
+    assert c.exact_pairs == 100 * 101 // 2 + (200 * 100 + 200 * 201 // 2) + (50 * 100 + 50 * 51 // 2)
+    assert c.exact_pairs == tree_counts(tree).exact_pairs == int(tree.block_counts().pairs)
+    deep = TreeMask([0, 10, 30, 60], [10, 30, 60, 70], [-1, 0, 1, 2], 70, block=16)  # a chain: one causal sequence
+    assert segmented_counts(deep, 16).exact_pairs == 70 * 71 // 2
+    alone = TreeMask.sequences([300, 57, 129])
+    assert segmented_counts(alone) == varlen_counts([300, 57, 129])
+    prompts, responses, seqs = tree_batch(3, 4, 300, 512, NV=3, seed=2)
+    for mb in plan_shared_forwards(seqs, prompts, 24_576, 8):  # a deeper tree (variants branching): exact pairs agree
+        _, tree, _, _, _ = shared_forward_inputs(mb, prompts, responses)
+        assert segmented_counts(tree).exact_pairs == tree_counts(tree).exact_pairs

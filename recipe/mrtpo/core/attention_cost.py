@@ -9,8 +9,11 @@ tokens than the unshared layouts, but its attention is not one causal triangle p
   pairs: unshared varlen (flash-attention's packed rows) computes each sequence's causal triangle, ``n_t (n_t + 1) / 2``
   tiles for ``n_t = ceil(n / b)`` (:func:`varlen_counts`); a dense mask under SDPA computes all ``L^2`` pairs
   (:func:`dense_counts`, what the shared pass did before FlexAttention); the block-sparse tree mask computes the
-  tiles holding any allowed pair (:meth:`~recipe.mrtpo.core.tree_mask.TreeMask.block_counts`); a padded
-  micro-batch computes ``b x longest^2`` (:func:`padded_counts`).
+  tiles holding any allowed pair (:meth:`~recipe.mrtpo.core.tree_mask.TreeMask.block_counts`); the same tree
+  computed segment by segment (each segment's queries against its ancestors' keys, gathered, and its own: the
+  cascade / PrefixGrouper decomposition under flash-attention varlen) computes :func:`segmented_counts`, the
+  reference a tiled kernel's rounding is judged by; a padded micro-batch computes ``b x longest^2``
+  (:func:`padded_counts`).
 
 :func:`forward_flops` turns them into FLOPs with the model's shape (:class:`ModelShape`, from its config):
 ``2 x N x W`` for the linear layers (``W`` their weights per token: Q, K, V, O projections and the gated MLP, per
@@ -75,6 +78,32 @@ def tree_counts(tree) -> ForwardCounts:
     return ForwardCounts(tree.length, c.tile_pairs, c.pairs, c.tiles)
 
 
+def segmented_counts(tree, block: int = BLOCK) -> ForwardCounts:
+    """The prefix tree ``tree`` (a :class:`~recipe.mrtpo.core.tree_mask.TreeMask`) computed segment by segment: a
+    segment of ``R`` rows under ancestors of ``A`` rows in all is a varlen sequence of ``R`` queries over ``A + R``
+    keys, causal from the bottom right, so its query tile ``i`` computes ``ceil((A + min((i + 1) b, R)) / b)`` key
+    tiles. The tree's exact pairs, ``R A + R (R + 1) / 2`` a segment, in the fewest whole tiles a kernel that keeps
+    the segments apart computes; the keys a segment gathers (``A`` rows) are extra bytes, not extra tokens."""
+    lengths = (tree.ends - tree.starts).tolist()
+    known: dict[int, int] = {}  # segment -> rows of its proper ancestors (memoised up the chain)
+
+    def rows_above(s: int) -> int:
+        chain = []
+        while s >= 0 and s not in known:
+            chain.append(s)
+            s = int(tree.parent[s])
+        acc = known.get(s, 0) + (lengths[s] if s >= 0 else 0)
+        for u in reversed(chain):
+            known[u] = acc
+            acc += lengths[u]
+        return known[chain[0]] if chain else known[s]
+
+    above = [rows_above(s) for s in range(len(lengths))]
+    tiles = sum(_tiles(a + min((i + 1) * block, r), block) for a, r in zip(above, lengths) for i in range(_tiles(r, block)))
+    exact = sum(r * a + r * (r + 1) // 2 for a, r in zip(above, lengths))
+    return ForwardCounts(int(tree.length), tiles * block * block, exact, tiles)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the FLOPs of a forward depend on (a decoder's config): ``hidden``, ``layers``, ``intermediate`` (the MLP's
@@ -121,8 +150,12 @@ def forward_flops(shape: ModelShape, counts: ForwardCounts, kept: int = 0) -> fl
     """FLOPs of a forward: ``2 x tokens x weights per token + 4 x pairs x heads x head_dim x layers`` plus the LM
     head's ``2 x hidden x vocab`` per kept position (module docstring)."""
     linear = 2.0 * counts.tokens * shape.linear_weights_per_token()
-    attention = 4.0 * counts.pairs * shape.heads * shape.head_dim * shape.layers
-    return linear + attention + 2.0 * kept * shape.hidden * shape.vocab
+    return linear + attention_flops(shape, counts) + 2.0 * kept * shape.hidden * shape.vocab
+
+
+def attention_flops(shape: ModelShape, counts: ForwardCounts) -> float:
+    """The attention's part of :func:`forward_flops`: ``4 x pairs x heads x head_dim x layers`` (``QK^T`` and ``PV``)."""
+    return 4.0 * counts.pairs * shape.heads * shape.head_dim * shape.layers
 
 
 def shared_pays(shape: ModelShape, shared: ForwardCounts, unshared: ForwardCounts) -> bool:
