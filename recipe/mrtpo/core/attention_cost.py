@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from recipe.mrtpo.core.tree_mask import BLOCK
 
 
@@ -84,21 +86,11 @@ def segmented_counts(tree, block: int = BLOCK) -> ForwardCounts:
     keys, causal from the bottom right, so its query tile ``i`` computes ``ceil((A + min((i + 1) b, R)) / b)`` key
     tiles. The tree's exact pairs, ``R A + R (R + 1) / 2`` a segment, in the fewest whole tiles a kernel that keeps
     the segments apart computes; the keys a segment gathers (``A`` rows) are extra bytes, not extra tokens."""
-    lengths = (tree.ends - tree.starts).tolist()
-    known: dict[int, int] = {}  # segment -> rows of its proper ancestors (memoised up the chain)
-
-    def rows_above(s: int) -> int:
-        chain = []
-        while s >= 0 and s not in known:
-            chain.append(s)
-            s = int(tree.parent[s])
-        acc = known.get(s, 0) + (lengths[s] if s >= 0 else 0)
-        for u in reversed(chain):
-            known[u] = acc
-            acc += lengths[u]
-        return known[chain[0]] if chain else known[s]
-
-    above = [rows_above(s) for s in range(len(lengths))]
+    lengths = tree.ends - tree.starts
+    # rows of each segment's ancestors, itself included (the tree's ancestor table; -1 past its depth reads the 0
+    # appended), less its own
+    above = (np.append(lengths, 0)[tree.anc].sum(axis=1) - lengths).tolist()
+    lengths = lengths.tolist()
     tiles = sum(_tiles(a + min((i + 1) * block, r), block) for a, r in zip(above, lengths) for i in range(_tiles(r, block)))
     exact = sum(r * a + r * (r + 1) // 2 for a, r in zip(above, lengths))
     return ForwardCounts(int(tree.length), tiles * block * block, exact, tiles)
