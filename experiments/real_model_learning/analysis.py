@@ -50,7 +50,7 @@ def load_records(docs: Path) -> dict[tuple[str, int], dict]:
 
 def load_interrupted(docs: Path) -> list[dict]:
     """The attempts stopped from outside the runner (``[{"arm", "seed", "started", "stopped", "lost_s", "why"}]``):
-    a process ended with the session that ran it leaves no record, yet spent the budget's wall."""
+    a process ended with the machine's allocation leaves no record, yet spent the budget's wall."""
     path = Path(docs) / "interrupted.json"
     entries = json.loads(path.read_text()) if path.is_file() else []
     for e in entries:

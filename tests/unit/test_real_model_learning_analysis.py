@@ -82,7 +82,7 @@ def test_n_from_the_pilot_follows_the_plans_rule():
 
     assert "halved" not in out and not out["below_minimum"] and out["over_budget_s"] == 0  # one-hour runs: as planned
 
-    # an attempt stopped from outside (its session ended) spent the budget too; a confirmatory seed's is not the pilot's
+    # an attempt stopped from outside (the machine's allocation ended) spent the budget too; a confirmatory seed's is not the pilot's
     stopped = [{"arm": "gdpo", "seed": 101, "lost_s": 7200.0}, {"arm": "mrtpo", "seed": 0, "lost_s": 999.0}]
     cut = A.seeds_for_the_test(pilot, interrupted=stopped)
     assert cut["interrupted_s"] == 7200.0 and cut["pilot_wall_s"] == 6 * 3600 + 7200
