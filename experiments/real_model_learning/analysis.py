@@ -2,9 +2,9 @@
 spread and n, each run's T, stall and collapse, and the confirmatory test.
 
 Inputs are what a run commits: ``runs/<arm>_seed<s>.json`` (the held-out counts, the walls, the per-step means) and
-``report_runs/<run name>/metrics.jsonl`` (every metric verl logged per step, the per-reward counts included), and
-``base.json`` (the initial model's held-out rates), and ``interrupted.json`` (attempts stopped from outside before the
-runner could record them: what they cost the budget).
+``[confirmatory/]report_runs/<run name>/metrics.jsonl`` (every metric verl logged per step, the per-reward counts
+included), and ``base.json`` (the initial model's held-out rates), and ``interrupted.json`` (attempts stopped from
+outside before the runner could record them: what they cost the budget).
 
     python -m experiments.real_model_learning summary          # the pilot's numbers, or the test once seeds 0.. exist
 """
@@ -34,7 +34,8 @@ COLLAPSE_DROP, COLLAPSE_LENGTH = 0.10, 10.0
 
 def load_records(docs: Path) -> dict[tuple[str, int], dict]:
     """``{(arm, seed): record}`` of every finished run under ``docs/runs``, with its per-step metrics from
-    ``docs/report_runs/<run name>/metrics.jsonl`` as ``record["steps"] = {step: {metric: value}}``."""
+    ``<its set's report_runs>/<run name>/metrics.jsonl`` (:func:`settings.report_folder`) as
+    ``record["steps"] = {step: {metric: value}}``."""
     from recipe.mrtpo.tools.verl_log import parse_file_logger
 
     out = {}
@@ -42,7 +43,8 @@ def load_records(docs: Path) -> dict[tuple[str, int], dict]:
         rec = json.loads(p.read_text())
         if not rec.get("ok"):
             continue
-        log = Path(docs) / "report_runs" / C.run_name(rec["arm"], rec["seed"]) / "metrics.jsonl"
+        log = C.report_folder(docs, "report_runs", int(rec["seed"])) / C.run_name(rec["arm"], rec["seed"])
+        log = log / "metrics.jsonl"
         steps = parse_file_logger(log.read_text())[0] if log.is_file() else {}
         out[(rec["arm"], int(rec["seed"]))] = {**rec, "steps": steps}
     return out

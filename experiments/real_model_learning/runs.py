@@ -9,7 +9,9 @@ machine-wide lock), exports the step-``STEPS`` checkpoint, evaluates it on the h
   pass counts per constraint, IFEval's metrics, the step-1 and step-2 rollout digests that show the pairing);
 - ``report_runs/<run name>/``: ``run.json``, ``metrics.jsonl`` (verl's file-logger shape) and ``eval/ifeval.json``,
   ``tools.report``'s input for the paper's table and the curves;
-- ``report_heldout/<run name>/``: ``run.json`` and ``eval/ifeval.json`` of the held-out rows.
+- ``report_heldout/<run name>/``: ``run.json`` and ``eval/ifeval.json`` of the held-out rows;
+- the confirmatory seeds' two report folders under ``confirmatory/`` instead, with the base model's linked in: one
+  ``tools.report`` over a set's folder never pools the pilot's runs with the confirmatory set's.
 
 A run whose committed record finished under the same key is kept; records of another key (code, data, weights) are
 refused rather than mixed (``--rerun-changed`` re-runs them).
@@ -106,6 +108,15 @@ def write_report_folder(folder: Path, arm: str, seed: int, steps: dict, eval_jso
         (folder / "eval" / "ifeval.json").write_text(json.dumps(eval_json, indent=0) + "\n")
 
 
+def link_base(docs: Path, kind: str, seed: int) -> None:
+    """Link the base model's report folder into the confirmatory set's (relative, so that the link survives a
+    clone): its table shows the reference line without a second copy of the base model's files."""
+    root, target = C.report_folder(docs, kind, seed), Path(docs) / kind / C.BASE_NAME
+    link = root / C.BASE_NAME
+    if root != Path(docs) / kind and target.is_dir() and not (link.exists() or link.is_symlink()):
+        link.symlink_to(os.path.relpath(target, root), target_is_directory=True)
+
+
 def record_of(arm: str, seed: int, result: dict, attempts: int, steps: dict, run_dir: Path, heldout: Optional[dict],
               ifeval: Optional[dict], walls: dict) -> dict:
     from experiments.format_speed.grid import rollout_digest
@@ -182,8 +193,9 @@ def run_one(a, log=print) -> int:
     record = {**record_of(a.arm, a.seed, res, attempts, steps, run_dir, heldout, ifeval, walls), "eval_backend": a.eval_backend}
     (docs / "runs").mkdir(parents=True, exist_ok=True)
     (docs / "runs" / f"{a.arm}_seed{a.seed}.json").write_text(json.dumps(record, indent=1) + "\n")
-    write_report_folder(docs / "report_runs" / name, a.arm, a.seed, steps, ifeval)
-    write_report_folder(docs / "report_heldout" / name, a.arm, a.seed, {}, heldout)
+    for kind, run_steps, result in (("report_runs", steps, ifeval), ("report_heldout", {}, heldout)):
+        write_report_folder(C.report_folder(docs, kind, a.seed) / name, a.arm, a.seed, run_steps, result)
+        link_base(docs, kind, a.seed)
     log(f"{LOG_PREFIX} {name}: {'finished' if record['ok'] else 'FAILED'} (attempts {attempts}); held-out span-read "
         f"{record['heldout']['span_read']}; record {docs / 'runs' / (a.arm + '_seed' + str(a.seed) + '.json')}")
     return 0 if record["ok"] else 1
@@ -207,9 +219,8 @@ def evaluate_base(a, log=print) -> int:
               "ifeval": (ifeval or {}).get("metrics")}
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "base.json").write_text(json.dumps(record, indent=1) + "\n")
-    name = f"{C.MODEL_NAME}_{C.TASK}_base"
-    write_report_folder(docs / "report_runs" / name, "base", 0, {}, ifeval)
-    write_report_folder(docs / "report_heldout" / name, "base", 0, {}, heldout)
+    write_report_folder(docs / "report_runs" / C.BASE_NAME, "base", 0, {}, ifeval)
+    write_report_folder(docs / "report_heldout" / C.BASE_NAME, "base", 0, {}, heldout)
     log(f"{LOG_PREFIX} base: held-out span-read {record['heldout']['span_read']}, global {record['heldout']['global']}")
     return 0
 

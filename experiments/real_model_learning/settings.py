@@ -41,6 +41,17 @@ def run_name(arm: str, seed: int) -> str:
     return f"{MODEL_NAME}_{TASK}_{arm}_seed{seed}"
 
 
+def report_folder(docs: Path, kind: str, seed: int) -> Path:
+    """Where ``tools.report`` reads a run of ``seed`` (``kind``: ``report_runs`` or ``report_heldout``):
+    ``docs/<kind>`` for the pilot (the base model is written there once), ``docs/confirmatory/<kind>`` for the
+    confirmatory set. The two sets may run different prompts a step (:func:`prompts_per_step`), so one report over
+    one folder never pools them into one mean over seeds."""
+    return Path(docs) / kind if seed in PILOT_SEEDS else Path(docs) / "confirmatory" / kind
+
+
+BASE_NAME = f"{MODEL_NAME}_{TASK}_base"  # the base model's report folder: the reference line of both sets' reports
+
+
 def prompts_per_step(seed: int) -> int:
     """The prompts a step of ``seed``'s runs: the pilot's for the pilot seeds, the amendment's for the confirmatory
     set (the PPO mini-batch is the batch either way: one update a step)."""

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from experiments.real_model_learning import analysis as A
 from experiments.real_model_learning import runs as R
 from experiments.real_model_learning import settings as C
 
@@ -163,8 +165,23 @@ def test_one_run_writes_its_record_and_refuses_to_mix_keys(tmp_path, monkeypatch
                    "--no-lock", "--steps", "1"]) == 2  # refused: the committed record ran code1
     assert ran == [("mrtpo", 100)]
     # the confirmatory set runs its own commit: the pilot's records (code1) do not refuse it; its own records do
+    R.write_report_folder(docs / "report_runs" / C.BASE_NAME, "base", 0, {}, EVAL)
     assert R.main(["run", "--arm", "gdpo", "--seed", "0", "--out", str(tmp_path / "out"), "--docs", str(docs),
                    "--no-lock", "--steps", "1"]) == 0 and ran[-1] == ("gdpo", 0)
+    # its report folders are its set's, apart from the pilot's, with the base model linked in (relative) only where
+    # the base model's folder exists
+    conf = docs / "confirmatory"
+    assert (conf / "report_runs" / C.run_name("gdpo", 0) / "metrics.jsonl").is_file()
+    assert not (docs / "report_runs" / C.run_name("gdpo", 0)).exists()
+    link = conf / "report_runs" / C.BASE_NAME
+    assert link.is_symlink() and not Path(os.readlink(link)).is_absolute() and (link / "eval" / "ifeval.json").is_file()
+    assert not (conf / "report_heldout" / C.BASE_NAME).exists()
+    assert A.load_records(docs)[("gdpo", 0)]["steps"][1]["mrtpo/reward/startend:end_checker/mean"] == pytest.approx(0.25)
+    from recipe.mrtpo.tools.report.build import build_report
+
+    seen = build_report(conf / "report_runs", tmp_path / "report")
+    assert sorted((e["method"], e["seed"]) for e in seen["evals"]) == [("base", 0), ("gdpo", 0)]
+    assert [(r["method"], r["seed"]) for r in seen["runs"]] == [("gdpo", 0)]  # the pilot's mrtpo seed 100 is not pooled
     monkeypatch.setattr(R, "code_key", lambda: "code3")
     assert R.main(["run", "--arm", "gdpo", "--seed", "1", "--out", str(tmp_path / "out"), "--docs", str(docs),
                    "--no-lock", "--steps", "1"]) == 2 and ran[-1] == ("gdpo", 0)

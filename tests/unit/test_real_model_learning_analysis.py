@@ -28,7 +28,7 @@ def write_run(docs, arm, seed, primary, values, wall=3600.0, glob=0.5, length=60
     rec = {"arm": arm, "seed": seed, "ok": True, "attempts": 1, "walls_s": {"total": wall},
            "heldout": {"span_read": primary, "global": glob}}
     (docs / "runs" / f"{arm}_seed{seed}.json").write_text(json.dumps(rec))
-    folder = docs / "report_runs" / C.run_name(arm, seed)
+    folder = C.report_folder(docs, "report_runs", seed) / C.run_name(arm, seed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "data": v}) + "\n"
                                                   for k, v in steps_of(values, length=length).items()))
