@@ -322,8 +322,9 @@ def bench_rows(label: str, model, lengths, args, g: torch.Generator, vary_nv: bo
     t_rm, m_rm, lp_rm = best_time(olp_rmpad, args.repeats, args.device)
     t_rep, m_rep, rep = best_time(lambda: replay(args.compile_js), args.repeats, args.device)
     x = t_rep / (nv_mean * t_rm)
+    # x to 3 significant figures: a tiny ratio (a timed call stalled by the machine) must not read 0.00
     print(f"{label:>6} | {len(lengths):>4} | {int(mask.sum()):>7} | {nv_mean:>4.1f} | {t_pad * 1e3:9.1f}ms | {t_rm * 1e3:9.1f}ms | "
-          f"{t_rep * 1e3:9.1f}ms | {x:13.2f} | {m_rm:9.2f} | {m_rep:9.2f}", flush=True)
+          f"{t_rep * 1e3:9.1f}ms | {x:13.3g} | {m_rm:9.2f} | {m_rep:9.2f}", flush=True)
     return {"x": x, "rep": rep, "lp_rmpad": lp_rm, "mask": mask, "replay": replay, "inputs": (var, lens, responses, mask),
             "note": note}
 

@@ -221,7 +221,7 @@ def test_gpu_replay_runs_at_a_tiny_shape_on_cpu_with_torch_and_transformers_only
     floor = re.search(r"noise floor of q over 16 positions .* floor / q = (\d+\.\d+);", text)
     assert floor and float(floor.group(1)) < 1e-3, text  # fp32: no floor to speak of
     m = re.fullmatch(r"gpu mix: replay / \(variants x old_log_prob\) = (\d+\.\d\d)", out[-1])
-    assert m and float(m.group(1)) == pytest.approx(float(rows[-1][7]), abs=0.01)
+    assert m and float(m.group(1)) == pytest.approx(float(rows[-1][7]), rel=0.01, abs=0.006)  # the table: 3 significant figures
 
 
 def _tiny_qwen2(vocab: int = 1000):
